@@ -1,0 +1,95 @@
+"""Model zoo for DP-SGD: no BatchNorm anywhere (it mixes examples, so per-example
+gradients — and hence per-example clipping — would be meaningless).
+
+- ``mlp``: the 784–1000–10 ReLU MLP of Abadi et al. 2016 (``in_features`` may be a
+  DP-PCA projection's dimension instead of 784).
+- ``cnn``: the small tanh CNN for MNIST of Papernot et al. 2020 ("Tempered sigmoid
+  activations"), ~26k parameters; bounded activations keep clipped gradients useful.
+- ``cifar_cnn``: a tanh CNN with GroupNorm for 3×32×32 inputs (Tramèr & Boneh 2021
+  style, GroupNorm in place of BatchNorm).
+
+Initialisation is reproducible: ``build_model(name, seed)`` seeds torch's global RNG
+with ``derive_seed(seed, "model")`` inside ``torch.random.fork_rng`` so the caller's RNG
+state is left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fedpriv.seeding import derive_seed
+
+
+def mlp(in_features: int = 784, hidden: int = 1000, num_classes: int = 10) -> nn.Module:
+    """Flatten → Linear(in, 1000) → ReLU → Linear(1000, 10)."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(in_features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, num_classes),
+    )
+
+
+def mnist_cnn(num_classes: int = 10) -> nn.Module:
+    """Papernot et al. 2020 tanh CNN for 1×28×28 inputs (26,010 parameters)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 8, stride=2, padding=3),  # 16×14×14
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),  # 16×13×13
+        nn.Conv2d(16, 32, 4, stride=2),  # 32×5×5
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),  # 32×4×4
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 32),
+        nn.Tanh(),
+        nn.Linear(32, num_classes),
+    )
+
+
+def cifar_cnn(num_classes: int = 10, groups: int = 16) -> nn.Module:
+    """Tanh CNN for 3×32×32 inputs; GroupNorm after every convolution (no BatchNorm)."""
+
+    def block(c_in: int, c_out: int) -> list[nn.Module]:
+        return [
+            nn.Conv2d(c_in, c_out, 3, padding=1),
+            nn.GroupNorm(groups, c_out),
+            nn.Tanh(),
+            nn.Conv2d(c_out, c_out, 3, padding=1),
+            nn.GroupNorm(groups, c_out),
+            nn.Tanh(),
+            nn.MaxPool2d(2),
+        ]
+
+    return nn.Sequential(
+        *block(3, 32),  # 32×16×16
+        *block(32, 64),  # 64×8×8
+        *block(64, 128),  # 128×4×4
+        nn.Flatten(),
+        nn.Linear(128 * 4 * 4, 128),
+        nn.Tanh(),
+        nn.Linear(128, num_classes),
+    )
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": mlp,
+    "cnn": mnist_cnn,
+    "cifar_cnn": cifar_cnn,
+}
+MODELS: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build_model(name: str, seed: int, **kwargs: int) -> nn.Module:
+    """Model ``name`` initialised from ``derive_seed(seed, "model")``.
+
+    ``kwargs`` go to the builder (e.g. ``in_features`` for ``mlp``). The global torch
+    RNG is forked, so building a model does not change the caller's random state.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "model"))
+        return _BUILDERS[name](**kwargs)

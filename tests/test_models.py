@@ -1,0 +1,46 @@
+"""Model zoo: shapes, parameter counts, no BatchNorm, seeded initialisation."""
+
+import pytest
+import torch
+from torch import nn
+
+from fedpriv.models import MODELS, build_model
+
+INPUTS = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_output_shape_and_no_batchnorm(name: str) -> None:
+    model = build_model(name, seed=0)
+    assert model(torch.zeros(4, *INPUTS[name])).shape == (4, 10)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def test_parameter_counts() -> None:
+    count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
+    assert count(build_model("mlp", 0)) == 795_010  # 784·1000 + 1000 + 1000·10 + 10
+    assert count(build_model("cnn", 0)) == 26_010
+    assert count(build_model("mlp", 0, in_features=60)) == 60 * 1000 + 1000 + 10_010
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_same_seed_same_params_different_seed_different(name: str) -> None:
+    assert torch.equal(_flat(build_model(name, 3)), _flat(build_model(name, 3)))
+    assert not torch.equal(_flat(build_model(name, 3)), _flat(build_model(name, 4)))
+
+
+def test_does_not_touch_global_rng() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_model("cnn", 7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_unknown_model() -> None:
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("resnet", 0)
