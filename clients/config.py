@@ -1,0 +1,145 @@
+"""Run settings: Flower's kebab-case ``run_config`` parsed once into a frozen dataclass.
+
+The same keys are ``[tool.flwr.app.config]`` in ``pyproject.toml`` (defaults for
+``flwr run .``), ``--run-config`` overrides, and the flags of ``python -m simulations.*``
+(``--local-epochs`` ↔ ``local-epochs``). TOML has no null, so "unset" is spelled
+``0`` (or ``-1`` for the noise multiplier, where 0 means non-private) or ``""``.
+Both apps read it: the server for the plan and the budget, each client for its data
+partition and for its *own* budget (``client-epsilon-budget``, which a SuperNode's
+``--node-config`` can lower: the client trusts no server).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Partition(str, Enum):
+    """How the training set is split across clients (flwr-datasets partitioners)."""
+
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+    SHARD = "shard"
+
+
+DATASET_MODELS = {"mnist": "mnist_cnn", "cifar10": "cifar_cnn"}
+
+
+class SettingsError(ValueError):
+    """A run-config value is missing, mistyped or out of range."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a fedpriv run needs; see ``docs/federated.md`` for each key."""
+
+    dataset: str = "mnist"
+    model: str = ""
+    rounds: int = 3
+    local_epochs: int = 1
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    epsilon_budget: float | None = None
+    client_epsilon_budget: float | None = None
+    noise_multiplier: float | None = None
+    lot_size: int | None = None
+    max_grad_norm: float | None = None
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 0.0
+    partition: Partition = Partition.IID
+    alpha: float = 0.5
+    seed: int = 0
+    limit_train: int | None = None
+    limit_test: int | None = None
+    data_dir: str | None = None
+    download: bool = False
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASET_MODELS:
+            raise SettingsError(f"dataset must be one of {sorted(DATASET_MODELS)}, got {self.dataset!r}")
+        for name in ("rounds", "local_epochs"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name.replace('_', '-')} must be >= 1")
+        if not 0 < self.delta < 1:
+            raise SettingsError(f"delta must be in (0, 1), got {self.delta}")
+        for name in ("target_epsilon", "epsilon_budget", "client_epsilon_budget"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
+        if self.target_epsilon is not None and self.noise_multiplier is not None:
+            raise SettingsError("give target-epsilon or noise-multiplier, not both")
+        if self.noise_multiplier is not None and self.noise_multiplier < 0:
+            raise SettingsError("noise-multiplier must be >= 0")
+        if not 0 < self.fraction_train <= 1:
+            raise SettingsError(f"fraction-train must be in (0, 1], got {self.fraction_train}")
+        if not 0 <= self.fraction_evaluate <= 1:
+            raise SettingsError(f"fraction-evaluate must be in [0, 1], got {self.fraction_evaluate}")
+        if self.alpha <= 0:
+            raise SettingsError(f"alpha must be > 0, got {self.alpha}")
+
+    @property
+    def model_name(self) -> str:
+        """The configured model, or the data set's default."""
+        return self.model or DATASET_MODELS[self.dataset]
+
+    @property
+    def server_budget(self) -> float:
+        """ε budget per client in the server's ledger: ``epsilon-budget`` or the target."""
+        return self.epsilon_budget or self.target_epsilon or math.inf
+
+    @property
+    def client_budget(self) -> float:
+        """ε budget a client enforces on itself; defaults to the server's."""
+        return self.client_epsilon_budget or self.server_budget
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
+        """Parse kebab-case keys; unknown keys are an error (typos must not pass)."""
+        fields = {f.replace("_", "-"): f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise SettingsError(f"unknown run-config keys: {', '.join(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in config.items():
+            kwargs[fields[key]] = _parse(fields[key], value)
+        return cls(**kwargs)
+
+
+_UNSET_IF_ZERO = {
+    "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
+    "max_grad_norm", "limit_train", "limit_test",
+}
+_INTS = {"rounds", "local_epochs", "lot_size", "seed", "limit_train", "limit_test"}
+
+
+def _parse(field: str, value: Any) -> Any:
+    """One run-config value to its field's type, mapping TOML sentinels to ``None``."""
+    try:
+        if field == "partition":
+            return Partition(value)
+        if field in ("data_dir", "out"):
+            return str(value) or None
+        if field in ("dataset", "model"):
+            return str(value)
+        if field == "download":
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if field in _INTS:
+            if isinstance(value, bool) or int(value) != value:
+                raise TypeError
+            number: float = int(value)
+        else:
+            number = float(value)
+    except (TypeError, ValueError) as err:
+        raise SettingsError(f"{field.replace('_', '-')}: bad value {value!r}") from err
+    if field == "noise_multiplier":
+        return None if number < 0 else number
+    if field in _UNSET_IF_ZERO and number == 0:
+        return None
+    return number

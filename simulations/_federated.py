@@ -1,0 +1,146 @@
+"""The command line shared by ``simulations.mnist`` and ``simulations.cifar``.
+
+Both run the project's own ClientApp and ServerApp (the ``[tool.flwr.app.components]``
+of ``pyproject.toml``) through Flower's simulation engine with the Ray backend. The
+flags become run-config overrides of ``[tool.flwr.app.config]``, fused exactly as
+``flwr run`` fuses them, so the apps see the same ``context.run_config`` either way.
+(``flwr.simulation.run_simulation`` leaves ``run_config`` empty; we call the engine's
+``_run_simulation`` the way Flower's own ``flwr-simulation`` process does.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# flag -> run-config key, for the flags that map one to one
+_KEYS = (
+    "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
+    "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
+    "max-grad-norm", "fraction-train", "epsilon-budget", "client-epsilon-budget", "download",
+)
+
+
+def build_parser(dataset: str) -> argparse.ArgumentParser:
+    """The flags of ``python -m simulations.<dataset>``; unset flags keep pyproject's defaults."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m simulations.{'cifar' if dataset == 'cifar10' else dataset}",
+        description=f"Federated DP-SGD on {dataset} with Flower's Ray simulation engine.",
+    )
+    p.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default 10)")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--local-epochs", type=int)
+    p.add_argument("--target-epsilon", type=float, help="calibrate each client's σ to end at ≤ ε")
+    p.add_argument("--delta", type=float)
+    p.add_argument("--epsilon-budget", type=float, help="per-client ε budget of the server ledger")
+    p.add_argument("--client-epsilon-budget", type=float, help="ε budget each client enforces")
+    p.add_argument("--noise-multiplier", type=float, help="fixed σ for every client")
+    p.add_argument("--lot-size", type=int, help="expected Poisson lot size")
+    p.add_argument("--max-grad-norm", type=float)
+    p.add_argument("--fraction-train", type=float, help="fraction of clients sampled per round")
+    p.add_argument("--partition", choices=["iid", "dirichlet", "shard"])
+    p.add_argument("--alpha", type=float, help="Dirichlet concentration")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--limit-train", type=int, help="use the first N training examples")
+    p.add_argument("--limit-test", type=int, help="use the first N test examples")
+    p.add_argument("--data-dir")
+    p.add_argument("--download", action="store_true", default=None)
+    p.add_argument("--out", default=f"runs/{dataset}", help="output folder")
+    p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
+    p.add_argument("--cpus-per-client", type=float, default=1.0)
+    p.add_argument("--gpus-per-client", type=float, help="default 0.25 when CUDA is available")
+    return p
+
+
+def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
+    """The run-config keys the user set (kebab-case), plus the data set."""
+    overrides: dict[str, Any] = {"dataset": dataset}
+    for key in _KEYS:
+        value = getattr(args, key.replace("-", "_"))
+        if value is not None:
+            overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir") else value
+    return overrides
+
+
+def backend_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Ray resources: one CPU per client, a GPU fraction when CUDA is there."""
+    gpus = args.gpus_per_client
+    if gpus is None:
+        gpus = 0.25 if torch.cuda.is_available() else 0.0
+    init_args: dict[str, Any] = {"address": args.ray_address} if args.ray_address else {}
+    return {
+        "client_resources": {"num_cpus": args.cpus_per_client, "num_gpus": gpus},
+        "init_args": init_args,
+    }
+
+
+def simulate(
+    num_clients: int, overrides: dict[str, Any], backend: dict[str, Any] | None = None
+) -> float:
+    """Run the apps on ``num_clients`` simulated SuperNodes; returns wall seconds."""
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import get_fused_config_from_dir, get_project_config
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.run import Run
+    from flwr.supercore.telemetry import EventType
+
+    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
+    run = Run.create_empty(run_id=1)
+    run.override_config = dict(overrides)
+    run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
+    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    start = time.perf_counter()
+    _run_simulation(
+        num_supernodes=num_clients,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        server_app_attr=components["serverapp"],
+        client_app_attr=components["clientapp"],
+        backend_name="ray",
+        backend_config=backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        server_app_context=context,
+        app_dir=str(PROJECT_ROOT),
+        run=run,
+        is_app=True,
+    )
+    return time.perf_counter() - start
+
+
+def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse flags, simulate, add the total wall time to results.json, plot it."""
+    args = build_parser(dataset).parse_args(argv)
+    overrides = run_config_overrides(args, dataset)
+    wall = simulate(args.clients, overrides, backend_config(args))
+    out = Path(overrides["out"])
+    results_path = out / "results.json"
+    if not results_path.exists():
+        raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above")
+    results = json.loads(results_path.read_text())
+    results["simulation_wall_time_s"] = wall
+    results_path.write_text(json.dumps(results, indent=2))
+    from simulations._plots import plot_results
+
+    plot_results(results, out)
+    print(_summary(results))
+    return results
+
+
+def _summary(results: dict[str, Any]) -> str:
+    rounds = results["rounds"]
+    last = rounds[-1] if rounds else {}
+    eps = [float(e) for e in results["final_epsilon"].values()]
+    lines = [
+        f"rounds run: {len(rounds)}" + (f" (stopped: {results['stopped']})" if results["stopped"] else ""),
+        f"test accuracy: {last.get('test_accuracy')}",
+        f"ε per client: max {max(eps, default=0):.4f}, min {min(eps, default=0):.4f}",
+        f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
+        f"model_sha256: {results['model_sha256']}",
+    ]
+    return "\n".join(lines)

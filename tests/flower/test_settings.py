@@ -1,0 +1,47 @@
+"""Run-config parsing and deterministic partitioning (no Flower runtime needed)."""
+
+import math
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+
+from clients.config import Partition, RunSettings, SettingsError
+from clients.partition import partition_indices
+from simulations._federated import PROJECT_ROOT
+
+
+def test_pyproject_defaults_parse_and_unset_sentinels_become_none():
+    config = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    settings = RunSettings.from_run_config(config)
+    assert settings.target_epsilon is None and settings.noise_multiplier is None
+    assert settings.lot_size is None and settings.out is None and settings.data_dir is None
+    assert settings.server_budget == math.inf and settings.model_name == "mnist_cnn"
+
+
+def test_kebab_keys_typed_and_validated():
+    s = RunSettings.from_run_config({"local-epochs": 2, "target-epsilon": 3.0, "partition": "shard"})
+    assert (s.local_epochs, s.target_epsilon, s.partition) == (2, 3.0, Partition.SHARD)
+    assert s.server_budget == 3.0 == s.client_budget
+    with pytest.raises(SettingsError, match="unknown"):
+        RunSettings.from_run_config({"local_epochs": 2})
+    with pytest.raises(SettingsError, match="rounds"):
+        RunSettings.from_run_config({"rounds": 1.5})
+    with pytest.raises(SettingsError, match="not both"):
+        RunSettings.from_run_config({"target-epsilon": 1.0, "noise-multiplier": 1.0})
+
+
+@pytest.mark.parametrize("scheme", list(Partition))
+def test_partitions_disjoint_cover_sorted_and_reproducible(scheme):
+    labels = torch.from_numpy(np.random.default_rng(0).integers(0, 10, 600))
+    parts = [partition_indices(labels, scheme, 4, i, alpha=0.5, seed=3) for i in range(4)]
+    joined = np.concatenate(parts)
+    assert len(set(joined.tolist())) == len(joined)
+    assert all((np.diff(p) > 0).all() for p in parts)
+    again = partition_indices(labels, scheme, 4, 2, alpha=0.5, seed=3)
+    np.testing.assert_array_equal(again, parts[2])
+    if scheme is Partition.IID:
+        assert len(joined) == 600 and {len(p) for p in parts} == {150}
+    single = partition_indices(labels, scheme, 1, 0, alpha=0.5, seed=3)
+    np.testing.assert_array_equal(single, np.arange(600))
