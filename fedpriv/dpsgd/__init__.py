@@ -1,0 +1,24 @@
+"""DP-SGD engine: Poisson lots, per-example clipping, Gaussian noise, one event per call.
+
+```python
+cfg = DPSGDConfig(noise_multiplier=σ, max_grad_norm=C, sample_rate=q)
+report = train_dpsgd(model, features, labels, config=cfg, steps=T, optimizer=opt,
+                     sampling_generator=g_sample, noise_generator=g_noise)
+report.events == (dpsgd_event(σ, q, T),)
+```
+"""
+
+from fedpriv.dpsgd.config import Clipping, ConfigError, DPSGDConfig, GradSampleMode, steps_per_epoch
+from fedpriv.dpsgd.engine import TrainReport, train_dpsgd
+from fedpriv.dpsgd.modules import UnsupportedModuleError
+
+__all__ = [
+    "Clipping",
+    "ConfigError",
+    "DPSGDConfig",
+    "GradSampleMode",
+    "TrainReport",
+    "UnsupportedModuleError",
+    "steps_per_epoch",
+    "train_dpsgd",
+]

@@ -1,0 +1,53 @@
+"""Clip factors: how much each example's gradient is scaled so its norm is at most C.
+
+Every gradient path reports, per trainable parameter tensor, the squared per-example norms
+(shape ``(B,)``); the factors computed here are then applied *before* summing, so the sum of
+clipped gradients has L2 sensitivity ≤ C (add/remove one example).  Factor
+``C / max(‖g‖, C)`` is exactly 1 for small gradients and never needs an epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from fedpriv.dpsgd.config import Clipping
+
+ClippedSum = tuple[list[torch.Tensor], torch.Tensor]
+"""(Σ_i clipped g_i per trainable parameter tensor, Σ_i loss_i) over one micro-batch."""
+
+
+def clip_factors(
+    sq_norms: Sequence[torch.Tensor], max_grad_norm: float, clipping: Clipping
+) -> list[torch.Tensor]:
+    """Per parameter tensor, the ``(B,)`` factors for ``sq_norms[k][i] = ‖g_{i,k}‖²``.
+
+    ``FLAT``: one factor per example from its total norm, bound C.  ``PER_LAYER``: one factor
+    per (example, tensor), bound C/√K for K tensors.  ``max_grad_norm = inf``: all ones.
+    """
+    if math.isinf(max_grad_norm):
+        return [torch.ones_like(n) for n in sq_norms]
+    if clipping is Clipping.FLAT:
+        total = torch.stack(list(sq_norms)).sum(0).sqrt()
+        factor = max_grad_norm / total.clamp(min=max_grad_norm)
+        return [factor] * len(sq_norms)
+    bound = per_layer_bound(max_grad_norm, len(sq_norms))
+    return [bound / n.sqrt().clamp(min=bound) for n in sq_norms]
+
+
+def per_layer_bound(max_grad_norm: float, num_tensors: int) -> float:
+    """C/√K: K tensors each clipped to it have a total norm ≤ C."""
+    return max_grad_norm / math.sqrt(num_tensors)
+
+
+def weighted_sum(factors: torch.Tensor, per_example: torch.Tensor) -> torch.Tensor:
+    """Σ_i factors[i] · per_example[i] for materialised ``(B, *shape)`` gradients."""
+    return torch.tensordot(factors, per_example, dims=1)
+
+
+def squared_norms(per_example: torch.Tensor) -> torch.Tensor:
+    """‖g_i‖² for materialised ``(B, *shape)`` gradients."""
+    flat = per_example.reshape(per_example.shape[0], -1)
+    return torch.einsum("bk,bk->b", flat, flat)

@@ -1,0 +1,161 @@
+"""``train_dpsgd``: Abadi et al.'s DP-SGD as named stages, one privacy event per call.
+
+Each step: Poisson lot → per micro-batch, clip-and-accumulate Σ_i clip(g_i) → add noise
+N(0, σ²C²) to the sum → divide by the *expected* lot size q·N (a data-independent scale,
+right for Poisson lots whose size varies) → set ``p.grad`` and ``optimizer.step()``.
+An empty lot still takes a step (pure noise).  The report carries
+``dpsgd_event(σ, q, steps)``, the whole privacy cost of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
+from fedpriv.dpsgd.clipping import ClippedSum
+from fedpriv.dpsgd.config import DPSGDConfig, GradSampleMode
+from fedpriv.dpsgd.modules import check_model, model_device, trainable_parameters
+from fedpriv.dpsgd.noise import add_gaussian_noise_
+from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
+from fedpriv.dpsgd.sampling import micro_batches, poisson_lot
+from fedpriv.privacy.events import DpEvent, dpsgd_event
+
+ClippedSumFn = Callable[[torch.Tensor, torch.Tensor], ClippedSum]
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """What one ``train_dpsgd`` call did.
+
+    ``events`` is its privacy cost.  ``num_examples`` (N, the local data set size, the FedAvg
+    weight) and ``mean_loss`` (mean per-example loss over the lots, before each step) are
+    *not* privatised: releasing them is outside the reported events.
+    """
+
+    events: tuple[DpEvent, ...]
+    steps: int
+    num_examples: int
+    mean_loss: float
+
+
+def train_dpsgd(
+    model: nn.Module,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    config: DPSGDConfig,
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    sampling_generator: torch.Generator,
+    noise_generator: torch.Generator | None = None,
+    loss_fn: LossFn = F.cross_entropy,
+    progress: bool = False,
+) -> TrainReport:
+    """Run ``steps`` DP-SGD steps on ``model`` (put in train mode) over (features, labels).
+
+    ``features``/``labels`` live on the model's device, as do both generators.
+    ``loss_fn(outputs, targets)`` must return the mean per-example loss of a batch.
+    ``noise_generator`` may be None only with ``config.secure_mode``.
+    """
+    params = trainable_parameters(model)
+    num_examples = _check_inputs(params, features, labels, steps, sampling_generator, noise_generator, config)
+    check_model(model)
+    model.train()
+    expected_lot_size = config.sample_rate * num_examples
+    loss_total = torch.zeros((), device=features.device)
+    examples_seen = 0
+    with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
+        for _ in tqdm(range(steps), desc="DP-SGD", disable=not progress):
+            lot = poisson_lot(num_examples, config.sample_rate, sampling_generator)
+            sums, loss_sum = clip_and_accumulate(clipped_sum, features, labels, lot, params, config)
+            add_gaussian_noise_(sums, config.noise_std, noise_generator, config.secure_mode)
+            for total in sums:
+                total.div_(expected_lot_size)
+            apply_gradients(params, sums, optimizer)
+            loss_total += loss_sum
+            examples_seen += lot.numel()
+    mean_loss = loss_total.item() / examples_seen if examples_seen else float("nan")
+    event = dpsgd_event(config.noise_multiplier, config.sample_rate, steps)
+    return TrainReport(events=(event,), steps=steps, num_examples=num_examples, mean_loss=mean_loss)
+
+
+def resolve_grad_sample_mode(model: nn.Module, config: DPSGDConfig) -> GradSampleMode:
+    """The concrete mode: ``AUTO`` picks book-keeping whenever the model supports it."""
+    if config.grad_sample_mode is GradSampleMode.AUTO:
+        return GradSampleMode.BOOKKEEPING if supports_bookkeeping(model) else GradSampleMode.VMAP
+    return config.grad_sample_mode
+
+
+@contextmanager
+def clipped_sum_function(
+    model: nn.Module, params: dict[str, torch.Tensor], loss_fn: LossFn, config: DPSGDConfig
+) -> Iterator[ClippedSumFn]:
+    """Yield ``clipped_sum(features, labels)`` for the config's gradient mode."""
+    if resolve_grad_sample_mode(model, config) is GradSampleMode.BOOKKEEPING:
+        with bookkeeping_clipped_sum(model, params, loss_fn, config) as clipped_sum:
+            yield clipped_sum
+    else:
+        yield partial(vmap_clipped_sum, model, params, loss_fn=loss_fn, config=config)
+
+
+def clip_and_accumulate(
+    clipped_sum: ClippedSumFn,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    lot: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    config: DPSGDConfig,
+) -> ClippedSum:
+    """Σ over the lot of clipped per-example gradients, one micro-batch at a time."""
+    sums = [torch.zeros_like(p) for p in params.values()]
+    loss_sum = torch.zeros((), device=features.device)
+    for batch in micro_batches(lot, config.max_physical_batch_size):
+        batch_sums, batch_loss = clipped_sum(features[batch], labels[batch])
+        for total, part in zip(sums, batch_sums):
+            total.add_(part)
+        loss_sum += batch_loss
+    return sums, loss_sum
+
+
+def apply_gradients(
+    params: dict[str, torch.Tensor], grads: list[torch.Tensor], optimizer: torch.optim.Optimizer
+) -> None:
+    """Hand the privatised gradient to any torch optimizer: ``p.grad = g``; ``step()``."""
+    for p, g in zip(params.values(), grads):
+        p.grad = g
+    optimizer.step()
+
+
+def _check_inputs(
+    params: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    sampling_generator: torch.Generator,
+    noise_generator: torch.Generator | None,
+    config: DPSGDConfig,
+) -> int:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if len(features) != len(labels) or len(features) == 0:
+        raise ValueError(f"need as many labels as features, at least one: {len(features)} vs {len(labels)}")
+    device = model_device(params)
+    for name, tensor in (("features", features), ("labels", labels)):
+        if tensor.device != device:
+            raise ValueError(f"{name} are on {tensor.device} but the model is on {device}")
+    if noise_generator is None and not config.secure_mode and config.noise_multiplier > 0:
+        raise ValueError("noise_generator is required unless secure_mode=True")
+    if noise_generator is not None and noise_generator is sampling_generator:
+        raise ValueError("sampling and noise must use separate generators")
+    for name, gen in (("sampling_generator", sampling_generator), ("noise_generator", noise_generator)):
+        if gen is not None and gen.device.type != device.type:
+            raise ValueError(f"{name} is on {gen.device} but the data are on {device}")
+    return len(features)

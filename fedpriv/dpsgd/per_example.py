@@ -1,0 +1,55 @@
+"""Plain per-example gradients with ``torch.func``: ``vmap(grad(loss of one example))``.
+
+Works for any model without batch-mixing layers and is the reference every faster path is
+tested against.  Memory is B × (number of parameters) floats per micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedpriv.dpsgd.clipping import ClippedSum, clip_factors, squared_norms, weighted_sum
+from fedpriv.dpsgd.config import DPSGDConfig
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss_fn(outputs, targets)`` → the *mean* loss over the batch (PyTorch's default)."""
+
+
+def per_example_gradients(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    loss_fn: LossFn,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """({name: (B, *shape) gradients of each example's loss}, (B,) per-example losses).
+
+    Each example runs as a batch of one, so its gradient cannot depend on the others;
+    ``randomness="different"`` gives each example its own dropout mask.
+    """
+    detached = {name: p.detach() for name, p in params.items()}
+
+    def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+
+    per_example = vmap(grad_and_value(example_loss), in_dims=(None, 0, 0), randomness="different")
+    return per_example(detached, features, labels)
+
+
+def vmap_clipped_sum(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    loss_fn: LossFn,
+    config: DPSGDConfig,
+) -> ClippedSum:
+    """Σ_i clip(g_i) per parameter tensor and Σ_i loss_i, by materialising every g_i."""
+    grads, losses = per_example_gradients(model, params, features, labels, loss_fn)
+    per_example = list(grads.values())
+    factors = clip_factors([squared_norms(g) for g in per_example], config.max_grad_norm, config.clipping)
+    return [weighted_sum(f, g) for f, g in zip(factors, per_example)], losses.sum()

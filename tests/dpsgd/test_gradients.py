@@ -1,0 +1,99 @@
+"""Per-example gradients, clipping, and the book-keeping path against the vmap reference."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import build, make_data
+
+from fedpriv.dpsgd import DPSGDConfig
+from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
+from fedpriv.dpsgd.clipping import clip_factors, squared_norms
+from fedpriv.dpsgd.modules import trainable_parameters
+from fedpriv.dpsgd.per_example import per_example_gradients, vmap_clipped_sum
+
+
+def loop_gradients(model, x, y):
+    """The definition: one backward per example."""
+    grads = []
+    for i in range(len(x)):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return [torch.stack(g) for g in zip(*grads)]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "sequence"])
+def test_per_example_gradients_equal_a_per_sample_loop(name):
+    model = build(name)
+    x, y = make_data(9)
+    grads, losses = per_example_gradients(model, trainable_parameters(model), x, y, F.cross_entropy)
+    for got, want in zip(grads.values(), loop_gradients(model, x, y)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses, F.cross_entropy(model(x), y, reduction="none"))
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_every_clipped_gradient_is_within_the_bound(name, clipping):
+    model, C = build(name), 0.05
+    x, y = make_data(32)
+    grads = list(per_example_gradients(model, trainable_parameters(model), 10 * x, y, F.cross_entropy)[0].values())
+    factors = clip_factors([squared_norms(g) for g in grads], C, DPSGDConfig(1, C, 0.1, clipping=clipping).clipping)
+    clipped = [f.view(-1, *[1] * (g.dim() - 1)) * g for f, g in zip(factors, grads)]
+    per_tensor = torch.stack([squared_norms(g).sqrt() for g in clipped])  # (K, B)
+    assert per_tensor.pow(2).sum(0).sqrt().max() <= C * (1 + 1e-5)
+    assert per_tensor.pow(2).sum(0).sqrt().max() >= 0.5 * C  # the bound is reached, not just respected
+    if clipping == "per_layer":
+        assert per_tensor.max() <= C / math.sqrt(len(grads)) * (1 + 1e-5)
+
+
+def test_small_gradients_are_not_rescaled():
+    norms = [torch.tensor([0.04, 9.0])]
+    (factors,) = clip_factors(norms, 1.0, DPSGDConfig(1, 1.0, 0.1).clipping)
+    assert factors[0] == 1.0 and factors[1] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "sequence"])
+@pytest.mark.parametrize("max_grad_norm", [0.1, math.inf])
+def test_bookkeeping_path_equals_the_vmap_path(name, clipping, max_grad_norm):
+    model = build(name)
+    assert supports_bookkeeping(model)
+    params = trainable_parameters(model)
+    x, y = make_data(40)
+    cfg = DPSGDConfig(0.0, max_grad_norm, 0.1, clipping=clipping)
+    want, want_loss = vmap_clipped_sum(model, params, x, y, F.cross_entropy, cfg)
+    with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
+        got, got_loss = clipped_sum(x, y)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got_loss, want_loss)
+    assert all(p.grad is None for p in model.parameters())
+    assert not model._forward_hooks and not any(m._forward_hooks for m in model.modules())
+
+
+def test_tied_or_unsupported_layers_fall_back_to_vmap():
+    tied = build("mlp")
+    tied.add_module("again", tied[1])
+    assert not supports_bookkeeping(tied)
+    assert not supports_bookkeeping(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LayerNorm(16)))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+def test_same_clipped_per_example_gradients_as_opacus():
+    grad_sample = pytest.importorskip("opacus.grad_sample")
+    model, C = build("cnn"), 0.05
+    x, y = make_data(16)
+    mine = list(per_example_gradients(model, trainable_parameters(model), x, y, F.cross_entropy)[0].values())
+    wrapped = grad_sample.GradSampleModule(build("cnn"), loss_reduction="sum")
+    F.cross_entropy(wrapped(x), y, reduction="sum").backward()
+    theirs = [p.grad_sample for p in wrapped.parameters()]
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # Opacus' DPOptimizer clip factor: min(1, C / (‖g_i‖ + 1e-6)) from the flat norm.
+    opacus_norm = torch.stack([g.flatten(1).norm(dim=1) for g in theirs]).norm(dim=0)
+    opacus_factor = (C / (opacus_norm + 1e-6)).clamp(max=1.0)
+    (factor, *_) = clip_factors([squared_norms(g) for g in mine], C, DPSGDConfig(1, C, 0.1).clipping)
+    torch.testing.assert_close(factor, opacus_factor, rtol=1e-4, atol=0)
