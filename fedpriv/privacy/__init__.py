@@ -1,0 +1,38 @@
+"""Privacy accounting: events, accountants, calibration and the per-client ledger.
+
+See docs/architecture.md for the contract and docs/accounting.md for the math.
+"""
+
+from fedpriv.privacy.accountants import AccountantKind, UnsupportedEventError, epsilon_of, make_accountant
+from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.events import (
+    ComposedEvent,
+    GaussianEvent,
+    LaplaceEvent,
+    PoissonSampledEvent,
+    SelfComposedEvent,
+    dpsgd_event,
+    event_from_dict,
+    event_to_dict,
+)
+from fedpriv.privacy.ledger import Budget, BudgetExceededError, LedgerError, PrivacyLedger
+
+__all__ = [
+    "AccountantKind",
+    "Budget",
+    "BudgetExceededError",
+    "ComposedEvent",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "LedgerError",
+    "PoissonSampledEvent",
+    "PrivacyLedger",
+    "SelfComposedEvent",
+    "UnsupportedEventError",
+    "calibrate_noise_multiplier",
+    "dpsgd_event",
+    "epsilon_of",
+    "event_from_dict",
+    "event_to_dict",
+    "make_accountant",
+]
