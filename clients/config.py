@@ -26,7 +26,7 @@ class Partition(str, Enum):
     SHARD = "shard"
 
 
-DATASET_MODELS = {"mnist": "mnist_cnn", "cifar10": "cifar_cnn"}
+DATASETS = ("mnist", "cifar10")
 
 
 class SettingsError(ValueError):
@@ -38,7 +38,7 @@ class RunSettings:
     """Everything a fedpriv run needs; see ``docs/federated.md`` for each key."""
 
     dataset: str = "mnist"
-    model: str = ""
+    model: str | None = None
     rounds: int = 3
     local_epochs: int = 1
     target_epsilon: float | None = None
@@ -48,6 +48,7 @@ class RunSettings:
     noise_multiplier: float | None = None
     lot_size: int | None = None
     max_grad_norm: float | None = None
+    lr: float | None = None
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     partition: Partition = Partition.IID
@@ -60,8 +61,8 @@ class RunSettings:
     out: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASET_MODELS:
-            raise SettingsError(f"dataset must be one of {sorted(DATASET_MODELS)}, got {self.dataset!r}")
+        if self.dataset not in DATASETS:
+            raise SettingsError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         for name in ("rounds", "local_epochs"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name.replace('_', '-')} must be >= 1")
@@ -81,11 +82,6 @@ class RunSettings:
             raise SettingsError(f"fraction-evaluate must be in [0, 1], got {self.fraction_evaluate}")
         if self.alpha <= 0:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
-
-    @property
-    def model_name(self) -> str:
-        """The configured model, or the data set's default."""
-        return self.model or DATASET_MODELS[self.dataset]
 
     @property
     def server_budget(self) -> float:
@@ -112,7 +108,7 @@ class RunSettings:
 
 _UNSET_IF_ZERO = {
     "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
-    "max_grad_norm", "limit_train", "limit_test",
+    "max_grad_norm", "lr", "limit_train", "limit_test",
 }
 _INTS = {"rounds", "local_epochs", "lot_size", "seed", "limit_train", "limit_test"}
 
@@ -124,7 +120,9 @@ def _parse(field: str, value: Any) -> Any:
             return Partition(value)
         if field in ("data_dir", "out"):
             return str(value) or None
-        if field in ("dataset", "model"):
+        if field == "model":
+            return str(value) or None
+        if field == "dataset":
             return str(value)
         if field == "download":
             if not isinstance(value, bool):

@@ -2,8 +2,10 @@
 
 - QUERY reply: ``ConfigRecord`` "info" with ``client-id`` (the partition id as a
   string: stable across runs, unlike Flower node ids) and ``num-examples`` (its N).
-- TRAIN message: ``ArrayRecord`` "arrays" and ``ConfigRecord`` "config" holding the
-  round, this client's noise multiplier and the training plan's settings.
+- TRAIN message: ``ArrayRecord`` "arrays" and ``ConfigRecord`` "config" holding
+  ``server-round`` and this client's ``TrainingPlan`` (its own σ), one key per field
+  in kebab-case (``plan_config`` / ``read_plan``).
+- EVALUATE message: "arrays" and "config" with ``model`` (the architecture's name).
 - TRAIN reply: "arrays", ``MetricRecord`` "metrics" (``num-examples``, ``train-loss``)
   and ``ConfigRecord`` "privacy" with ``client-id`` and ``events``: the JSON list of
   the privacy events this round spent, as the client's engine reported them.
@@ -13,12 +15,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from flwr.app import ConfigRecord
 
-from fedpriv.privacy.events import DpEvent, EventError, event_from_dict, event_to_dict
+from fedpriv.privacy.events import DpEvent, EventError, dpsgd_event, event_from_dict, event_to_dict
+from fedpriv.training import TrainingPlan
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -31,6 +36,7 @@ TRAIN_LOSS = "train-loss"
 TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS})
 EVENTS = "events"
 SERVER_ROUND = "server-round"
+MODEL = "model"
 REFUSAL_CODE = 4290
 
 
@@ -50,3 +56,30 @@ def read_events(record: ConfigRecord) -> tuple[DpEvent, ...]:
     if not isinstance(data, list):
         raise EventError(f"'{EVENTS}' must be a JSON list, got {type(data).__name__}")
     return tuple(event_from_dict(item) for item in data)
+
+
+def plan_config(plan: TrainingPlan) -> dict[str, Any]:
+    """A plan as kebab-case ConfigRecord values (enums as their strings)."""
+    return {
+        f.name.replace("_", "-"): str(v) if isinstance(v := getattr(plan, f.name), str) else v
+        for f in dataclasses.fields(plan)
+    }
+
+
+def read_plan(config: Mapping[str, Any]) -> TrainingPlan:
+    """The plan in a TRAIN message's config; other keys (``server-round``) are ignored."""
+    fields = {f.name: f for f in dataclasses.fields(TrainingPlan)}
+    values = {}
+    for name, field in fields.items():
+        key = name.replace("_", "-")
+        if key in config:
+            values[name] = config[key]
+        elif field.default is dataclasses.MISSING:
+            raise ValueError(f"train config lacks '{key}'")
+    return TrainingPlan(**values)
+
+
+def round_events(plan: TrainingPlan, num_examples: int) -> tuple[DpEvent, ...]:
+    """The events one round of ``plan`` on N examples spends (what the engine reports)."""
+    return (dpsgd_event(plan.noise_multiplier, plan.sample_rate(num_examples),
+                        plan.steps_per_round(num_examples)),)

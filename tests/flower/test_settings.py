@@ -17,7 +17,7 @@ def test_pyproject_defaults_parse_and_unset_sentinels_become_none():
     settings = RunSettings.from_run_config(config)
     assert settings.target_epsilon is None and settings.noise_multiplier is None
     assert settings.lot_size is None and settings.out is None and settings.data_dir is None
-    assert settings.server_budget == math.inf and settings.model_name == "mnist_cnn"
+    assert settings.server_budget == math.inf and settings.model is None
 
 
 def test_kebab_keys_typed_and_validated():

@@ -1,0 +1,84 @@
+"""What happened in a run, round by round, and its ``results.json`` form."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RoundLog:
+    """One round: who was sampled, who refused/failed or was rejected, ε after it."""
+
+    round: int
+    participants: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    epsilon: dict[str, float] = field(default_factory=dict)
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    test_accuracy: float | None = None
+    test_loss: float | None = None
+
+
+@dataclass
+class History:
+    """The run's record; ``to_json`` is what ``results.json`` holds."""
+
+    settings: dict[str, Any]
+    clients: dict[str, dict[str, Any]] = field(default_factory=dict)
+    initial: dict[str, float] = field(default_factory=dict)
+    rounds: list[RoundLog] = field(default_factory=list)
+    stopped: str | None = None
+    wall_time_s: float | None = None
+    model_sha256: str | None = None
+
+    def start_round(self, server_round: int, participants: list[str]) -> RoundLog:
+        """A new round's log, appended to ``rounds``."""
+        log = RoundLog(server_round, sorted(participants))
+        self.rounds.append(log)
+        return log
+
+    def record_evaluation(self, server_round: int, loss: float, accuracy: float) -> None:
+        """Centralized test metrics after ``server_round`` (0: the initial model)."""
+        if server_round == 0:
+            self.initial = {"test_loss": loss, "test_accuracy": accuracy}
+            return
+        log = next(r for r in self.rounds if r.round == server_round)
+        log.test_loss, log.test_accuracy = loss, accuracy
+
+    def final_epsilon(self) -> dict[str, float]:
+        """Each client's ε after the last round that ran."""
+        return dict(self.rounds[-1].epsilon) if self.rounds else {}
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (ε = ∞ is written as the string "inf")."""
+        data = asdict(self)
+        data["final_epsilon"] = self.final_epsilon()
+        return _finite(data)
+
+    def save(self, path: Path) -> None:
+        """Write ``results.json`` atomically (temp file + ``os.replace``)."""
+        write_json_atomic(path, self.to_json())
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` via a temp file in the same folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out, indent=2)
+    os.replace(tmp, path)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,168 @@
+"""Budget-aware FedAvg: samples only clients that can afford the round, books their events.
+
+Invariants:
+- A client is sampled only if ``ledger.can_afford(client, assigned_events)``.
+- Every update the server *receives* is booked in the ledger with the events the server
+  assigned (the update has been seen, whether or not it is aggregated), and the
+  ledger is saved atomically before the round's model is released.
+- An update is aggregated only if the client's reported events equal the assigned ones
+  and its arrays have the global model's keys; otherwise it is rejected and logged.
+- Refusals and failures (error replies) are logged and skipped; they book nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore import log
+
+from clients import protocol
+from fedpriv.privacy import BudgetExceededError, PrivacyLedger
+from fedpriv.privacy.events import DpEvent, EventError
+from fedpriv.seeding import derive_seed
+from server.history import History
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one client is told to run each round, and the events that implies."""
+
+    client_id: str
+    num_examples: int
+    config: Mapping[str, Any]
+    events: tuple[DpEvent, ...]
+
+
+class BudgetExhausted(Exception):
+    """No known client can afford another round: the run stops here."""
+
+
+class BudgetedFedAvg(FedAvg):
+    """FedAvg weighted by ``num-examples`` over the clients the shared ledger allows."""
+
+    def __init__(
+        self,
+        ledger: PrivacyLedger,
+        nodes: Mapping[int, Assignment],
+        history: History,
+        ledger_path: Path | None = None,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+            min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
+        )
+        self.ledger = ledger
+        self.nodes = dict(nodes)
+        self.history = history
+        self.ledger_path = ledger_path
+        self.seed = seed
+        self._sent: dict[int, Assignment] = {}
+        self._array_keys: set[str] = set()
+
+    def summary(self) -> None:
+        """Log the sampling and budget settings."""
+        super().summary()
+        log(INFO, "\t└──> Privacy: %d clients, budget %s", len(self.nodes), self.ledger.budget)
+
+    def affordable(self) -> list[int]:
+        """Node ids whose client can still afford its assigned round (by client id)."""
+        ok = [n for n, a in self.nodes.items() if self.ledger.can_afford(a.client_id, a.events)]
+        return sorted(ok, key=lambda n: self.nodes[n].client_id)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One message per sampled affordable client, with its own noise multiplier."""
+        eligible = self.affordable()
+        if not eligible:
+            reason = f"round {server_round}: no client can afford another round"
+            log(WARNING, "Stopping: %s", reason)
+            raise BudgetExhausted(reason)
+        online = set(grid.get_node_ids())
+        eligible = [n for n in eligible if n in online]
+        size = min(len(eligible), max(1, int(len(self.nodes) * self.fraction_train)))
+        rng = random.Random(derive_seed(self.seed, "server-sampling", server_round))
+        sampled = sorted(rng.sample(eligible, size), key=lambda n: self.nodes[n].client_id)
+        log(INFO, "configure_train: %d of %d affordable clients sampled (%d known)",
+            size, len(eligible), len(self.nodes))
+        self._sent = {n: self.nodes[n] for n in sampled}
+        self._array_keys = set(arrays.keys())
+        messages = []
+        for node in sampled:
+            node_config = ConfigRecord({**config, **self.nodes[node].config})
+            node_config[protocol.SERVER_ROUND] = server_round
+            content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: node_config})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Book every received update, aggregate the consistent ones, save the ledger."""
+        accepted = []
+        round_log = self.history.start_round(server_round, [a.client_id for a in self._sent.values()])
+        for reply in replies:
+            assignment = self._sent.get(reply.metadata.src_node_id)
+            if assignment is None:
+                log(WARNING, "Ignoring reply from unexpected node %d", reply.metadata.src_node_id)
+                continue
+            cid = assignment.client_id
+            if reply.has_error():
+                round_log.failed[cid] = f"[{reply.error.code}] {reply.error.reason}"
+                log(INFO, "Client %s did not train: %s", cid, round_log.failed[cid])
+                continue
+            try:
+                self.ledger.record(cid, server_round, assignment.events)
+            except BudgetExceededError as err:
+                round_log.rejected[cid] = f"over budget: {err}"
+                continue
+            problem = self._check(reply, assignment)
+            if problem:
+                round_log.rejected[cid] = problem
+                log(WARNING, "Rejected update of client %s: %s", cid, problem)
+            else:
+                accepted.append(reply)
+        if self.ledger_path is not None:
+            self.ledger.save(self.ledger_path)
+        round_log.epsilon = {a.client_id: self.ledger.spent(a.client_id) for a in self.nodes.values()}
+        for cid in sorted(round_log.participants):
+            log(INFO, "\tclient %s: ε = %.4f (δ = %g)", cid, round_log.epsilon[cid], self.ledger.budget.delta)
+        arrays, metrics = super().aggregate_train(server_round, accepted)
+        round_log.train_metrics = dict(metrics or {})
+        return arrays, metrics
+
+    def _check(self, reply: Message, assignment: Assignment) -> str | None:
+        """Why an update cannot be aggregated, or ``None`` when it can."""
+        content = reply.content
+        if protocol.PRIVACY not in content.config_records:
+            return "no privacy record in reply"
+        try:
+            reported = protocol.read_events(content.config_records[protocol.PRIVACY])
+        except EventError as err:
+            return f"unreadable events: {err}"
+        if reported != assignment.events:
+            return f"reported events {reported} differ from the assigned {assignment.events}"
+        if list(content.array_records) != [protocol.ARRAYS]:
+            return f"expected one ArrayRecord '{protocol.ARRAYS}'"
+        if set(content.array_records[protocol.ARRAYS].keys()) != self._array_keys:
+            return "arrays do not match the global model's keys"
+        metrics = content.metric_records.get(protocol.METRICS)
+        if metrics is None or len(content.metric_records) != 1:
+            return f"expected one MetricRecord '{protocol.METRICS}'"
+        if set(metrics.keys()) != protocol.TRAIN_METRICS:
+            return f"metrics must be exactly {sorted(protocol.TRAIN_METRICS)}"
+        weight = metrics[protocol.NUM_EXAMPLES]
+        if isinstance(weight, list) or weight <= 0:
+            return f"'{protocol.NUM_EXAMPLES}' must be a positive number"
+        return None
