@@ -6,7 +6,7 @@ minimised over the grid. For the unsampled Gaussian ε_α = α/(2σ²) exactly; 
 Poisson-subsampled Gaussian uses Mironov, Talwar & Zhang (2019). Supports Gaussian,
 Laplace (unsampled) and Poisson-sampled (compositions of) Gaussians.
 
-``ORDERS`` (156 orders, 1.01 … 512): fine fractional orders where DP-SGD optima lie
+``ORDERS`` (153 orders, 1.01 … 512): fine fractional orders where DP-SGD optima lie
 (1.01–1.09 by 0.01, 1.1–10.9 by 0.1), every integer 11–32, even integers to 64, then a
 sparse tail to 512. dp-accounting evaluates integer order α in O(α) Python steps, so a
 tail to 10,000 would cost ~0.3 s per subsampled Gaussian (measured) against ~40 ms for

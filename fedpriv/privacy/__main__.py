@@ -1,0 +1,126 @@
+"""``python -m fedpriv.privacy epsilon|sigma|ledger show``: one JSON object (or, for
+``ledger show``, a table) on stdout; invalid input gives one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from typing import Callable, NoReturn
+
+from fedpriv.privacy.accountants import AccountantKind, epsilon_of
+from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.events import dpsgd_event
+from fedpriv.privacy.ledger import LedgerError, PrivacyLedger
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not (math.isfinite(value) and valid(value)):
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {text}")
+        return value
+
+    return parse
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"steps must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"steps must be >= 0, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m fedpriv.privacy", description="Privacy accounting for DP-SGD.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
+    common.add_argument("--sample-rate", type=_number("sample rate", lambda q: 0 < q <= 1, "in (0, 1]"), required=True)
+    common.add_argument("--steps", type=_steps, required=True)
+    common.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
+    eps = sub.add_parser("epsilon", parents=[common], help="epsilon of DP-SGD at (sigma, q, steps, delta)")
+    eps.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"), required=True)
+    sig = sub.add_parser("sigma", parents=[common], help="smallest sigma (3 sig. digits) reaching epsilon")
+    sig.add_argument("--epsilon", type=_number("epsilon", lambda e: e > 0, "> 0"), required=True)
+    ledger = sub.add_parser("ledger", help="inspect a saved privacy ledger")
+    show = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show_parser = show.add_parser("show", help="table per client: rounds, events, spent, budget, remaining")
+    show_parser.add_argument("path")
+    show_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser
+
+
+def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:
+    return [
+        {
+            "client": c,
+            "rounds": len(ledger.rounds(c)),
+            "events": len(ledger.events(c)),
+            "epsilon_spent": ledger.spent(c),
+            "budget_epsilon": ledger.budget_for(c).epsilon,
+            "budget_delta": ledger.budget_for(c).delta,
+            "remaining": ledger.remaining(c),
+        }
+        for c in ledger.clients()
+    ]
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    header = ["client", "rounds", "events", "eps spent", "budget (eps, delta)", "remaining"]
+    body = [
+        [str(r["client"]), str(r["rounds"]), str(r["events"]), f"{r['epsilon_spent']:.4f}",
+         f"({r['budget_epsilon']:g}, {r['budget_delta']:g})", f"{r['remaining']:.4f}"]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "ledger":
+        try:
+            ledger = PrivacyLedger.load(args.path)
+            rows = _ledger_rows(ledger)
+        except LedgerError as err:
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
+        if args.json:
+            out: object = {"path": args.path, "accountant": ledger.accountant.value, "clients": rows}
+            print(json.dumps(out))
+        else:
+            print(f"ledger {args.path} (accountant {ledger.accountant.value})\n{_table(rows)}")
+        return 0
+    base = {"accountant": args.accountant}
+    if args.command == "epsilon":
+        event = dpsgd_event(args.noise_multiplier, args.sample_rate, args.steps)
+        out = base | {"epsilon": epsilon_of(event, args.delta, args.accountant), "delta": args.delta,
+                      "sample_rate": args.sample_rate, "noise_multiplier": args.noise_multiplier, "steps": args.steps}
+    else:
+        if args.steps == 0:
+            parser.error("steps must be >= 1 to calibrate, got 0")
+        sigma = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps, args.accountant)
+        achieved = epsilon_of(dpsgd_event(sigma, args.sample_rate, args.steps), args.delta, args.accountant)
+        out = base | {"noise_multiplier": sigma, "epsilon": args.epsilon, "achieved_epsilon": achieved,
+                      "delta": args.delta, "sample_rate": args.sample_rate, "steps": args.steps}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
