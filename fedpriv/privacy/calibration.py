@@ -27,7 +27,8 @@ def round_up_3(x: float) -> float:
     return round(math.ceil(x / unit - 1e-9) * unit, -exponent)
 
 
-def _unit_3(x: float) -> float:
+def unit_3(x: float) -> float:
+    """One unit in the 3rd significant digit of x."""
     return 10.0 ** (math.floor(math.log10(x)) - 2)
 
 
@@ -64,5 +65,5 @@ def calibrate_noise_multiplier(
     lo, hi = bisect(ok, lo, hi, done=lambda a, b: round_up_3(a) == round_up_3(b) or b - a < 1e-12 * b)
     sigma = round_up_3(hi)
     while not ok(sigma):
-        sigma = round_up_3(sigma + _unit_3(sigma))
+        sigma = round_up_3(sigma + unit_3(sigma))
     return sigma
