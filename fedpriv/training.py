@@ -1,0 +1,212 @@
+"""The one local-training routine: centralized baseline and Flower client both call it.
+
+``train_round(model, features, labels, plan, seed, client, round_, device)`` builds a
+fresh optimizer, takes ``round_generators(seed, client, round_)`` and runs
+``local_epochs × steps_per_epoch(q)`` DP-SGD steps with q = lot_size / N. Centralized
+training is ``train_round(..., client=0, round_=epoch)`` for epoch = 1..E, so a
+single-client federated run with one local epoch per round and R = E rounds reproduces
+its final parameters bit for bit (``model_sha256``) and its privacy events exactly.
+
+Invariant: nothing here depends on state carried across rounds (no optimizer state, no
+LR schedule outside ``plan``); everything a round needs is (plan, seed, client, round_).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedpriv.dpsgd import Clipping, DPSGDConfig, TrainReport, steps_per_epoch, train_dpsgd
+from fedpriv.models import MODELS
+from fedpriv.privacy import calibrate_noise_multiplier
+from fedpriv.seeding import round_generators
+
+
+class OptimizerKind(StrEnum):
+    """The optimizer applied to the privatised gradient (post-processing: no privacy cost)."""
+
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How one party trains locally in one round; the same plan for every round.
+
+    ``lot_size`` is the *expected* Poisson lot size: q = lot_size / N for a local data set
+    of N examples. ``noise_multiplier = 0`` with ``max_grad_norm = inf`` is the
+    non-private schedule (same lots, no clipping, no noise).
+    """
+
+    model: str
+    lot_size: int
+    max_grad_norm: float
+    noise_multiplier: float
+    lr: float
+    momentum: float = 0.9
+    optimizer: OptimizerKind | str = OptimizerKind.SGD
+    local_epochs: int = 1
+    max_physical_batch_size: int = 512
+    clipping: Clipping | str = Clipping.FLAT
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        for name in ("lot_size", "local_epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        object.__setattr__(self, "optimizer", OptimizerKind(self.optimizer))
+        # σ, C, physical batch size and clipping are the engine's to validate, once.
+        object.__setattr__(self, "clipping", self.dpsgd_config(num_examples=self.lot_size).clipping)
+
+    @property
+    def private(self) -> bool:
+        return self.noise_multiplier > 0
+
+    def sample_rate(self, num_examples: int) -> float:
+        """q = lot_size / N, capped at 1 (a lot may not exceed the data set)."""
+        if num_examples < 1:
+            raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+        return min(1.0, self.lot_size / num_examples)
+
+    def steps_per_round(self, num_examples: int) -> int:
+        """``local_epochs × steps_per_epoch(q)`` DP-SGD steps in one round."""
+        return self.local_epochs * steps_per_epoch(self.sample_rate(num_examples))
+
+    def dpsgd_config(self, num_examples: int) -> DPSGDConfig:
+        """The engine's config for a local data set of ``num_examples``."""
+        return DPSGDConfig(
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            sample_rate=self.sample_rate(num_examples),
+            max_physical_batch_size=self.max_physical_batch_size,
+            clipping=self.clipping,
+        )
+
+    def non_private(self) -> TrainingPlan:
+        """The same schedule without clipping or noise (σ = 0, C = ∞)."""
+        return dataclasses.replace(self, noise_multiplier=0.0, max_grad_norm=math.inf)
+
+
+# Tuned on MNIST (docs/baselines.md): Papernot et al.'s tanh CNN, large lots, small C,
+# high LR with momentum (Tramèr & Boneh 2021). σ is calibrated per run (calibrate_plan).
+_DEFAULT_PLANS: dict[str, TrainingPlan] = {
+    "mnist": TrainingPlan(model="cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0),
+    "cifar10": TrainingPlan(model="cifar_cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0),
+}
+
+
+def default_plan(dataset: str) -> TrainingPlan:
+    """The per-dataset defaults of ``simulations.centralized`` (σ to be calibrated)."""
+    if dataset not in _DEFAULT_PLANS:
+        raise ValueError(f"no default plan for {dataset!r}; choose one of {', '.join(_DEFAULT_PLANS)}")
+    return _DEFAULT_PLANS[dataset]
+
+
+def default_epochs(dataset: str, target_epsilon: float | None) -> int:
+    """Default number of epochs (= rounds of one local epoch): fewer for smaller ε, where
+    the noise that more steps require outweighs the extra optimisation."""
+    if target_epsilon is None or target_epsilon >= 2:
+        return 40
+    return 20 if target_epsilon >= 1 else 12
+
+
+def calibrate_plan(
+    plan: TrainingPlan, target_epsilon: float, delta: float, num_examples: int, rounds: int
+) -> TrainingPlan:
+    """``plan`` with the smallest σ (RDP) whose ε after ``rounds`` rounds is ≤ target.
+
+    Total steps = rounds × ``plan.steps_per_round(num_examples)`` at q = lot_size / N.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    sigma = calibrate_noise_multiplier(
+        target_epsilon, delta, plan.sample_rate(num_examples), rounds * plan.steps_per_round(num_examples)
+    )
+    return dataclasses.replace(plan, noise_multiplier=sigma)
+
+
+def default_device() -> torch.device:
+    """CUDA when available, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_optimizer(model: nn.Module, plan: TrainingPlan) -> torch.optim.Optimizer:
+    """A fresh optimizer for one round (no state crosses rounds)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if plan.optimizer is OptimizerKind.ADAM:
+        return torch.optim.Adam(params, lr=plan.lr, betas=(plan.momentum, 0.999))
+    return torch.optim.SGD(params, lr=plan.lr, momentum=plan.momentum)
+
+
+def train_round(
+    model: nn.Module,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    plan: TrainingPlan,
+    seed: int,
+    client: int,
+    round_: int,
+    device: torch.device | str,
+    progress: bool = False,
+) -> TrainReport:
+    """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
+
+    Moves model and data to ``device``; the report's events are the round's whole
+    privacy cost.
+    """
+    device = torch.device(device)
+    model.to(device)
+    features, labels = features.to(device), labels.to(device)
+    num_examples = len(labels)
+    sampling, noise = round_generators(seed, client, round_, device=device)
+    return train_dpsgd(
+        model,
+        features,
+        labels,
+        config=plan.dpsgd_config(num_examples),
+        steps=plan.steps_per_round(num_examples),
+        optimizer=make_optimizer(model, plan),
+        sampling_generator=sampling,
+        noise_generator=noise,
+        progress=progress,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 4096
+) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on the data, in batches, without grad."""
+    if len(labels) == 0:
+        raise ValueError("cannot evaluate on an empty data set")
+    model.eval()
+    device = next(model.parameters()).device
+    loss, correct = 0.0, 0
+    for start in range(0, len(labels), batch_size):
+        x = features[start : start + batch_size].to(device)
+        y = labels[start : start + batch_size].to(device)
+        logits = model(x)
+        loss += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(dim=1) == y).sum().item()
+    return loss / len(labels), correct / len(labels)
+
+
+def model_sha256(model: nn.Module) -> str:
+    """SHA-256 of the state dict's tensors as float32 bytes, in state-dict order."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()

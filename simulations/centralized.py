@@ -1,0 +1,146 @@
+"""Centralized DP-SGD baseline: ``python -m simulations.centralized --dataset mnist --target-epsilon 1``.
+
+Trains one model on the whole training set, epoch by epoch, with exactly the routine a
+Flower client runs (``fedpriv.training.train_round`` with client 0 and round = epoch), so
+``python -m simulations.mnist --clients 1 --rounds E --local-epochs 1`` gives the same ε
+and the same ``model_sha256``. ε is computed from the events the epochs reported.
+Prints one JSON object (and writes it to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from fedpriv.data import DatasetNotFoundError, load_dataset
+from fedpriv.models import MODELS, build_model
+from fedpriv.privacy import ComposedEvent, epsilon_of
+from fedpriv.training import (
+    TrainingPlan,
+    calibrate_plan,
+    default_device,
+    default_epochs,
+    default_plan,
+    evaluate,
+    model_sha256,
+    train_round,
+)
+
+DATASETS = ("mnist", "cifar10")
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simulations.centralized",
+        description="Centralized DP-SGD baseline; prints the result as JSON.",
+    )
+    p.add_argument("--dataset", choices=DATASETS, default="mnist")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--target-epsilon", type=_positive(float), default=None,
+                        help="calibrate σ so the whole run ends at ε <= this (default 1)")
+    budget.add_argument("--noise-multiplier", type=_positive(float), help="fixed σ instead of a target ε")
+    budget.add_argument("--non-private", action="store_true",
+                        help="same schedule without clipping or noise (ε reported as null)")
+    p.add_argument("--delta", type=_positive(float), default=1e-5)
+    p.add_argument("--epochs", type=_positive(int), help="default: depends on the data set and ε")
+    p.add_argument("--model", choices=MODELS, help="default: the data set's plan")
+    p.add_argument("--lot-size", type=_positive(int), help="expected Poisson lot size")
+    p.add_argument("--lr", type=_positive(float))
+    p.add_argument("--max-grad-norm", type=_positive(float))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", help="root folder of the data sets (default ~/.cache/fedpriv)")
+    p.add_argument("--download", action="store_true", help="download the data set if missing")
+    p.add_argument("--limit-train", type=_positive(int), help="use the first N training examples")
+    p.add_argument("--out", type=Path, help="also write the JSON result to this file")
+    return p
+
+
+def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
+    """The data set's default plan with the flags' overrides (σ not yet calibrated)."""
+    overrides = {"model": args.model, "lot_size": args.lot_size, "lr": args.lr,
+                 "max_grad_norm": args.max_grad_norm, "noise_multiplier": args.noise_multiplier}
+    plan = dataclasses.replace(default_plan(args.dataset), **{k: v for k, v in overrides.items() if v is not None})
+    return plan.non_private() if args.non_private else plan
+
+
+def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
+    """Train ``plan`` (σ calibrated here unless fixed) and evaluate; the JSON-ready result."""
+    device = default_device()
+    train = load_dataset(args.dataset, args.data_dir, train=True, download=args.download,
+                         device=device, limit=args.limit_train)
+    test = load_dataset(args.dataset, args.data_dir, train=False, download=args.download, device=device)
+    num_examples = len(train.labels)
+    if not args.non_private and args.noise_multiplier is None:
+        target = 1.0 if args.target_epsilon is None else args.target_epsilon
+        epochs = args.epochs or default_epochs(args.dataset, target)
+        plan = calibrate_plan(plan, target, args.delta, num_examples, rounds=epochs)
+    else:
+        epochs = args.epochs or default_epochs(args.dataset, None)
+
+    model = build_model(plan.model, args.seed)
+    start = time.perf_counter()
+    events = []
+    bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
+    for epoch in bar:
+        report = train_round(model, train.features, train.labels, plan, args.seed, 0, epoch, device)
+        events.extend(report.events)
+        bar.set_postfix(loss=f"{report.mean_loss:.3f}")
+    seconds = time.perf_counter() - start
+    _, accuracy = evaluate(model, test.features, test.labels)
+    epsilon = epsilon_of(ComposedEvent(tuple(events)), args.delta) if plan.private else None
+    return {
+        "dataset": args.dataset,
+        "model": plan.model,
+        "private": plan.private,
+        "accuracy": accuracy,
+        "epsilon": epsilon,
+        "delta": args.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "max_grad_norm": plan.max_grad_norm if plan.private else None,
+        "sample_rate": plan.sample_rate(num_examples),
+        "lot_size": plan.lot_size,
+        "lr": plan.lr,
+        "epochs": epochs,
+        "steps": epochs * plan.steps_per_round(num_examples),
+        "num_examples": num_examples,
+        "seed": args.seed,
+        "seconds": round(seconds, 2),
+        "model_sha256": model_sha256(model),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = run(args, plan_from_args(args))
+    except (DatasetNotFoundError, ValueError) as err:  # bad data dir or out-of-range setting
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
