@@ -95,6 +95,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     else:
         epochs = args.epochs or default_epochs(args.dataset, None)
 
+    plan = dataclasses.replace(plan, lr_decay_rounds=epochs)
     model = build_model(plan.model, args.seed)
     start = time.perf_counter()
     events = []
