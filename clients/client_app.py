@@ -3,10 +3,15 @@
 Thin by design: each handler delegates to ``clients.task``.
 """
 
+import logging
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from clients import task
+
+# dp-accounting logs every RDP order it skips; harmless, and it floods the run log.
+logging.getLogger("absl").setLevel(logging.ERROR)
 
 app = ClientApp()
 

@@ -26,6 +26,7 @@ from clients.config import Partition
 from fedpriv.seeding import derive_seed
 
 SHARDS_PER_CLIENT = 2  # McMahan et al.'s pathological non-IID split
+datasets.disable_progress_bars()
 
 
 def partition_indices(

@@ -18,11 +18,12 @@ from server.strategy import Assignment
 
 
 def base_plan(settings: RunSettings) -> TrainingPlan:
-    """The data set's default plan with the run's overrides."""
+    """The data set's default plan with the run's overrides; the LR decays over the
+    rounds exactly as ``simulations.centralized`` decays it over the epochs."""
     overrides = {
         "model": settings.model, "lot_size": settings.lot_size, "lr": settings.lr,
         "max_grad_norm": settings.max_grad_norm, "noise_multiplier": settings.noise_multiplier,
-        "local_epochs": settings.local_epochs,
+        "local_epochs": settings.local_epochs, "lr_decay_rounds": settings.rounds,
     }
     return dataclasses.replace(
         default_plan(settings.dataset), **{k: v for k, v in overrides.items() if v is not None}

@@ -32,6 +32,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
     out = Path(settings.out) if settings.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     history = History(settings={k: _plain(v) for k, v in asdict(settings).items()})
     nodes = assign(settings, discover(grid))
     history.clients = {

@@ -3,10 +3,15 @@
 Thin by design: ``server.run.run_server`` does the work.
 """
 
+import logging
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from server.run import run_server
+
+# dp-accounting logs every RDP order it skips; harmless, and it floods the run log.
+logging.getLogger("absl").setLevel(logging.ERROR)
 
 app = ServerApp()
 

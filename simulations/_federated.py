@@ -90,12 +90,18 @@ def simulate(
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
     from flwr.supercore.telemetry import EventType
 
     components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
+    # What _run_simulation does for a run it creates itself, plus our overrides.
     run = Run.create_empty(run_id=1)
+    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
     run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
