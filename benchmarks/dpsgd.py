@@ -97,9 +97,13 @@ IMPLEMENTATIONS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], Ste
 }
 
 
-def samples_per_second(run: StepRunner, warmup: int, timed: int, device: torch.device) -> float:
+def samples_per_second(run: StepRunner, warmup: int, timed: int, budget_s: float, device: torch.device) -> float:
+    """Warm up, then time ``timed`` steps — fewer (at least 3) for a step slower than budget_s / timed."""
+    start = time.perf_counter()
     run(warmup)
     _sync(device)
+    per_step = (time.perf_counter() - start) / warmup
+    timed = max(3, min(timed, round(budget_s / per_step)))
     start = time.perf_counter()
     run(timed)
     _sync(device)
@@ -113,7 +117,7 @@ def _sync(device: torch.device) -> None:
 
 def benchmark(quick: bool) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    warmup, timed, repeats = (2, 5, 2) if quick else (3, 20, 3)
+    warmup, timed, repeats, budget_s = (2, 10, 2, 1.0) if quick else (3, 20, 3, 4.0)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (BATCH,), generator=gen).to(device)
@@ -126,7 +130,7 @@ def benchmark(quick: bool) -> dict:
                     continue
                 try:
                     run = make(build_model(model_name, seed=0).to(device), x, y)
-                    rate = samples_per_second(run, warmup, timed, device)
+                    rate = samples_per_second(run, warmup, timed, budget_s, device)
                 except Exception as err:  # an Opacus mode that does not apply: record, go on
                     skipped[(model_name, impl)] = f"{type(err).__name__}: {err}"[:300]
                     continue

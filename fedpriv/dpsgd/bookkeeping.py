@@ -50,7 +50,7 @@ class OuterProduct:
     inputs: torch.Tensor  # (B, in)
 
     def squared_norms(self) -> torch.Tensor:
-        return self.output_grads.pow(2).sum(1) * self.inputs.pow(2).sum(1)
+        return squared_norms(self.output_grads) * squared_norms(self.inputs)
 
     def weighted_sum(self, factors: torch.Tensor) -> torch.Tensor:
         return (self.output_grads * factors.unsqueeze(1)).T @ self.inputs

@@ -49,5 +49,4 @@ def weighted_sum(factors: torch.Tensor, per_example: torch.Tensor) -> torch.Tens
 
 def squared_norms(per_example: torch.Tensor) -> torch.Tensor:
     """‖g_i‖² for materialised ``(B, *shape)`` gradients."""
-    flat = per_example.reshape(per_example.shape[0], -1)
-    return torch.einsum("bk,bk->b", flat, flat)
+    return torch.linalg.vector_norm(per_example.reshape(per_example.shape[0], -1), dim=1).square()

@@ -51,11 +51,10 @@ class ConfigError(ValueError):
 class DPSGDConfig:
     """DP-SGD hyper-parameters (Abadi et al. 2016): noise σ, clip norm C, Poisson rate q.
 
-    ``secure_mode``: draw each step's noise from a generator freshly seeded from the OS
-    CSPRNG (``secrets``), ignoring ``noise_generator``; the result is *not reproducible*.
-    Like Opacus it sums four draws of std σC and halves the sum (same distribution) to blunt
-    floating-point attacks on the sampler's low bits (Mironov 2012).  It is a mitigation, not
-    a proof: torch's samplers are not cryptographic.
+    ``secure_mode``: draw the noise from ``os.urandom`` (a CSPRNG) instead of
+    ``noise_generator``; the result is *not reproducible*, and slower.  Like Opacus it sums
+    four draws of std σC/2 (same distribution) to blunt floating-point attacks on the
+    sampler's low bits (Mironov 2012); see ``noise.add_gaussian_noise_``.
     """
 
     noise_multiplier: float

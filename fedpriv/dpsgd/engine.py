@@ -77,8 +77,7 @@ def train_dpsgd(
             lot = poisson_lot(num_examples, config.sample_rate, sampling_generator)
             sums, loss_sum = clip_and_accumulate(clipped_sum, features, labels, lot, params, config)
             add_gaussian_noise_(sums, config.noise_std, noise_generator, config.secure_mode)
-            for total in sums:
-                total.div_(expected_lot_size)
+            torch._foreach_div_(sums, expected_lot_size)
             apply_gradients(params, sums, optimizer)
             loss_total += loss_sum
             examples_seen += lot.numel()
@@ -115,13 +114,17 @@ def clip_and_accumulate(
     config: DPSGDConfig,
 ) -> ClippedSum:
     """Σ over the lot of clipped per-example gradients, one micro-batch at a time."""
-    sums = [torch.zeros_like(p) for p in params.values()]
+    sums: list[torch.Tensor] | None = None
     loss_sum = torch.zeros((), device=features.device)
     for batch in micro_batches(lot, config.max_physical_batch_size):
         batch_sums, batch_loss = clipped_sum(features[batch], labels[batch])
-        for total, part in zip(sums, batch_sums):
-            total.add_(part)
+        if sums is None:
+            sums = batch_sums
+        else:
+            torch._foreach_add_(sums, batch_sums)
         loss_sum += batch_loss
+    if sums is None:  # empty lot: the step is pure noise
+        sums = [torch.zeros_like(p) for p in params.values()]
     return sums, loss_sum
 
 
