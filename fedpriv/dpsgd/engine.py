@@ -10,7 +10,7 @@ An empty lot still takes a step (pure noise).  The report carries
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import ClippedSum
 from fedpriv.dpsgd.config import DPSGDConfig, GradSampleMode
-from fedpriv.dpsgd.modules import check_model, model_device, trainable_parameters
+from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model, model_device, trainable_parameters
 from fedpriv.dpsgd.noise import add_gaussian_noise_
 from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
 from fedpriv.dpsgd.sampling import micro_batches, poisson_lot
@@ -97,12 +97,34 @@ def resolve_grad_sample_mode(model: nn.Module, config: DPSGDConfig) -> GradSampl
 def clipped_sum_function(
     model: nn.Module, params: dict[str, torch.Tensor], loss_fn: LossFn, config: DPSGDConfig
 ) -> Iterator[ClippedSumFn]:
-    """Yield ``clipped_sum(features, labels)`` for the config's gradient mode."""
-    if resolve_grad_sample_mode(model, config) is GradSampleMode.BOOKKEEPING:
-        with bookkeeping_clipped_sum(model, params, loss_fn, config) as clipped_sum:
-            yield clipped_sum
-    else:
-        yield partial(vmap_clipped_sum, model, params, loss_fn=loss_fn, config=config)
+    """Yield ``clipped_sum(features, labels)`` for the config's gradient mode.
+
+    In ``AUTO`` mode a layer that turns out to run twice per forward (found only at run
+    time, before any gradient is taken) switches the rest of the call to vmap.
+    """
+    plain = partial(vmap_clipped_sum, model, params, loss_fn=loss_fn, config=config)
+    if resolve_grad_sample_mode(model, config) is GradSampleMode.VMAP:
+        yield plain
+        return
+    with ExitStack() as hooks:
+        bookkeeping = hooks.enter_context(bookkeeping_clipped_sum(model, params, loss_fn, config))
+        if config.grad_sample_mode is GradSampleMode.BOOKKEEPING:
+            yield bookkeeping
+            return
+        chosen = bookkeeping
+
+        def clipped_sum(features: torch.Tensor, labels: torch.Tensor) -> ClippedSum:
+            nonlocal chosen
+            if chosen is plain:
+                return plain(features, labels)
+            try:
+                return bookkeeping(features, labels)
+            except UnsupportedModuleError:
+                hooks.close()  # remove the hooks; from now on, vmap
+                chosen = plain
+                return plain(features, labels)
+
+        yield clipped_sum
 
 
 def clip_and_accumulate(

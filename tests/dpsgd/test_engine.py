@@ -73,6 +73,17 @@ def test_auto_mode_trains_like_vmap(clipping, data):
     torch.testing.assert_close(flat_params(auto), flat_params(plain), rtol=1e-5, atol=1e-6)
 
 
+def test_auto_mode_falls_back_to_vmap_for_a_layer_run_twice(data):
+    from test_gradients import Recurrent
+
+    torch.manual_seed(0)
+    auto = Recurrent()
+    plain = copy.deepcopy(auto)
+    run(auto, data)
+    run(plain, data, grad_sample_mode="vmap")
+    torch.testing.assert_close(flat_params(auto), flat_params(plain), rtol=1e-5, atol=1e-6)
+
+
 def test_report_carries_the_event_and_counts(data):
     report = run(build("mlp"), data, steps=4, noise_multiplier=1.3, sample_rate=0.25)
     assert report.events == (dpsgd_event(1.3, 0.25, 4),)

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from conftest import build, make_data
 
-from fedpriv.dpsgd import DPSGDConfig
+from fedpriv.dpsgd import DPSGDConfig, GradSampleMode, UnsupportedModuleError
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import clip_factors, squared_norms
+from fedpriv.dpsgd.engine import resolve_grad_sample_mode
 from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.per_example import per_example_gradients, vmap_clipped_sum
 
@@ -97,3 +98,54 @@ def test_same_clipped_per_example_gradients_as_opacus():
     opacus_factor = (C / (opacus_norm + 1e-6)).clamp(max=1.0)
     (factor, *_) = clip_factors([squared_norms(g) for g in mine], C, DPSGDConfig(1, C, 0.1).clipping)
     torch.testing.assert_close(factor, opacus_factor, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "cifar_cnn"])
+def test_project_models_take_the_bookkeeping_path_and_match_vmap(name):
+    models = pytest.importorskip("fedpriv.models")
+    model = models.build_model(name, seed=0)
+    shape = (3, 32, 32) if name == "cifar_cnn" else (1, 28, 28)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, *shape, generator=gen), torch.randint(0, 10, (5,), generator=gen)
+    cfg = DPSGDConfig(1.0, 0.01, 0.1)
+    assert resolve_grad_sample_mode(model, cfg) is GradSampleMode.BOOKKEEPING
+    params = trainable_parameters(model)
+    want, _ = vmap_clipped_sum(model, params, x, y, F.cross_entropy, cfg)
+    with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
+        got, _ = clipped_sum(x, y)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+
+
+def test_auto_mode_falls_back_to_vmap_and_bookkeeping_refuses_what_it_cannot_do():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    assert resolve_grad_sample_mode(model, DPSGDConfig(1.0, 1.0, 0.1)) is GradSampleMode.VMAP
+    cfg = DPSGDConfig(1.0, 1.0, 0.1, grad_sample_mode="bookkeeping")
+    with pytest.raises(UnsupportedModuleError, match="vmap"):
+        with bookkeeping_clipped_sum(model, trainable_parameters(model), F.cross_entropy, cfg):
+            pass
+
+
+class Recurrent(torch.nn.Module):
+    """One registered layer applied twice: tied use that only shows at run time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.cell(torch.tanh(self.cell(x.flatten(1))))))
+
+
+def test_a_layer_run_twice_is_refused_by_bookkeeping_and_fine_with_vmap():
+    model, (x, y) = Recurrent(), make_data(4)
+    shared = torch.nn.Sequential(torch.nn.Flatten(), model.cell, torch.nn.Tanh(), model.cell)
+    assert not supports_bookkeeping(shared)  # registered twice: caught before running
+    cfg = DPSGDConfig(1.0, 1.0, 0.1, grad_sample_mode="bookkeeping")
+    with bookkeeping_clipped_sum(model, trainable_parameters(model), F.cross_entropy, cfg) as clipped_sum:
+        with pytest.raises(UnsupportedModuleError, match="twice"):
+            clipped_sum(x, y)
+    grads, _ = per_example_gradients(model, trainable_parameters(model), x, y, F.cross_entropy)
+    for got, want in zip(grads.values(), loop_gradients(model, x, y)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
