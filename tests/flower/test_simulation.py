@@ -17,21 +17,30 @@ pytestmark = pytest.mark.slow
 CLIENTS, ROUNDS, TRAIN, LOT, SIGMA, DELTA = 3, 2, 1500, 50, 1.0, 1e-5
 
 
-def _run(args, timeout=300, **env_vars):
+def _start(args, **env_vars):
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **env_vars}
-    done = subprocess.run([sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process, timeout=300):
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
 
 
 @pytest.fixture(scope="module")
 def three_clients(tmp_path_factory, shared_data_dir):
     out = tmp_path_factory.mktemp("sim3")
-    _run(["simulations.mnist", "--clients", str(CLIENTS), "--rounds", str(ROUNDS),
+    _finish(_start(["simulations.mnist", "--clients", str(CLIENTS), "--rounds", str(ROUNDS),
           "--limit-train", str(TRAIN), "--limit-test", "1000", "--lot-size", str(LOT),
           "--noise-multiplier", str(SIGMA), "--delta", str(DELTA), "--seed", "3",
-          "--data-dir", str(shared_data_dir), "--out", str(out)])
+          "--data-dir", str(shared_data_dir), "--out", str(out)]))
     return out, json.loads((out / "results.json").read_text())
 
 
@@ -61,13 +70,14 @@ def test_ledger_epsilon_matches_independent_computation(three_clients):
 def test_single_client_equals_centralized(tmp_path, shared_data_dir):
     common = ["--seed", "5", "--limit-train", "300", "--lot-size", "30", "--target-epsilon", "3",
               "--data-dir", str(shared_data_dir)]
-    fed = _run(["simulations.mnist", "--clients", "1", "--rounds", "2", "--local-epochs", "1",
-                "--out", str(tmp_path / "fed"), *common])
+    fed = _start(["simulations.mnist", "--clients", "1", "--rounds", "2", "--local-epochs", "1",
+                  "--out", str(tmp_path / "fed"), *common])
     # Bit-exactness needs the same torch thread count: Ray runs each client actor with
     # OMP_NUM_THREADS = its CPUs (1 here), so the centralized run gets 1 thread too.
-    central = json.loads(_run(["simulations.centralized", "--dataset", "mnist", "--epochs", "2",
-                               *common], OMP_NUM_THREADS="1").stdout)
+    central = _start(["simulations.centralized", "--dataset", "mnist", "--epochs", "2", *common],
+                     OMP_NUM_THREADS="1")
+    central, fed_stdout = json.loads(_finish(central)), _finish(fed)
     results = json.loads((tmp_path / "fed" / "results.json").read_text())
-    assert results["model_sha256"] == central["model_sha256"], fed.stdout[-2000:]
+    assert results["model_sha256"] == central["model_sha256"], fed_stdout[-2000:]
     assert float(results["final_epsilon"]["0"]) == pytest.approx(central["epsilon"], rel=1e-9)
     assert results["clients"]["0"]["noise-multiplier"] == central["noise_multiplier"]

@@ -13,9 +13,9 @@ from server.strategy import Assignment, BudgetedFedAvg, BudgetExhausted
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-EVENTS = (dpsgd_event(2.0, 0.1, 10),)
+EVENTS = (dpsgd_event(2.0, 1.0, 3),)  # q = 1: cheap for the RDP accountant
 # a budget between the ε of one and of two rounds: one round fits, two do not
-BUDGET = (epsilon_of(EVENTS[0], 1e-5) + epsilon_of(dpsgd_event(2.0, 0.1, 20), 1e-5)) / 2
+BUDGET = (epsilon_of(EVENTS[0], 1e-5) + epsilon_of(dpsgd_event(2.0, 1.0, 6), 1e-5)) / 2
 ARRAYS = ArrayRecord([np.zeros(3, dtype=np.float32)])
 
 
@@ -77,7 +77,7 @@ def test_refusal_and_mismatch_do_not_stop_aggregation(tmp_path):
     replies = [
         _reply(messages[100], 2.0),
         Message(Error(code=protocol.REFUSAL_CODE, reason="over my budget"), reply_to=messages[101]),
-        _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 0.1, 10),)),
+        _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),)),
     ]
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
