@@ -139,16 +139,24 @@ def bookkeeping_clipped_sum(
     def clipped_sum(features: torch.Tensor, labels: torch.Tensor) -> ClippedSum:
         captured.clear()
         loss_sum = loss_fn(model(features), labels) * len(labels)
-        outputs = [captured[layer][1] for layer in layers]
-        output_grads = torch.autograd.grad(loss_sum, outputs, allow_unused=True)
-        rules = {}
-        for layer, out, g in zip(layers, outputs, output_grads):
-            g = torch.zeros_like(out) if g is None else g
-            rules[layer] = LAYER_RULES[type(layer)](layer, captured[layer][0], g)
-        per_example = [rules[owner[id(p)][0]][owner[id(p)][1]] for p in params.values()]
+        ran = [layer for layer in layers if layer in captured]
+        outputs = [captured[layer][1] for layer in ran]
+        output_grads = torch.autograd.grad(loss_sum, outputs, allow_unused=True) if outputs else ()
+        rules = {
+            layer: LAYER_RULES[type(layer)](layer, captured[layer][0], torch.zeros_like(out) if g is None else g)
+            for layer, out, g in zip(ran, outputs, output_grads)
+        }
         captured.clear()
-        factors = clip_factors([pe.squared_norms() for pe in per_example], config.max_grad_norm, config.clipping)
-        sums = [pe.weighted_sum(f).view_as(p) for pe, f, p in zip(per_example, factors, params.values())]
+
+        def per_example(p: torch.Tensor) -> PerExample:
+            module, attr = owner[id(p)]
+            if module not in rules:  # the layer did not run: its gradients are zero
+                return Materialised(p.new_zeros(len(labels), *p.shape))
+            return rules[module][attr]
+
+        grads = [per_example(p) for p in params.values()]
+        factors = clip_factors([g.squared_norms() for g in grads], config.max_grad_norm, config.clipping)
+        sums = [g.weighted_sum(f).view_as(p) for g, f, p in zip(grads, factors, params.values())]
         return sums, loss_sum.detach()
 
     try:

@@ -24,12 +24,14 @@ def tiny_cnn() -> nn.Module:
 
 
 class SequenceModel(nn.Module):
-    """Linear layers on (B, T, d) inputs: the materialising branch of the Linear rule."""
+    """Linear layers on (B, T, d) inputs (the materialising branch of the Linear rule),
+    and a layer that never runs (zero gradients)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Linear(4, 6)
         self.head = nn.Linear(6, 3)
+        self.unused = nn.Linear(6, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.tanh(self.embed(x.view(len(x), 4, 4))).mean(1))

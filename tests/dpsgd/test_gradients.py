@@ -21,7 +21,7 @@ def loop_gradients(model, x, y):
     for i in range(len(x)):
         model.zero_grad()
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
     return [torch.stack(g) for g in zip(*grads)]
 
 
