@@ -20,6 +20,7 @@ class RoundLog:
     rejected: dict[str, str] = field(default_factory=dict)
     epsilon: dict[str, float] = field(default_factory=dict)
     train_metrics: dict[str, Any] = field(default_factory=dict)
+    train_seconds: float | None = None  # sampling, client training and booking, not evaluation
     test_accuracy: float | None = None
     test_loss: float | None = None
 

@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -70,6 +71,7 @@ class BudgetedFedAvg(FedAvg):
         self._sent: dict[int, Assignment] = {}
         self._array_keys: set[str] = set()
         self._afford: dict[tuple[Any, ...], bool] = {}
+        self._round_start = 0.0
 
     def summary(self) -> None:
         """Log the sampling and budget settings."""
@@ -93,6 +95,7 @@ class BudgetedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """One message per sampled affordable client, with its own noise multiplier."""
+        self._round_start = time.perf_counter()
         eligible = self.affordable()
         if not eligible:
             reason = f"round {server_round}: no client can afford another round"
@@ -151,6 +154,7 @@ class BudgetedFedAvg(FedAvg):
         accepted.sort(key=lambda m: self._sent[m.metadata.src_node_id].client_id)
         arrays, metrics = super().aggregate_train(server_round, accepted)
         round_log.train_metrics = dict(metrics or {})
+        round_log.train_seconds = time.perf_counter() - self._round_start
         return arrays, metrics
 
     def _check(self, reply: Message, assignment: Assignment) -> str | None:
