@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     per_round = max(1, int(args.clients * args.fraction_train))
     with tempfile.TemporaryDirectory() as tmp:
         overrides: dict[str, Any] = {
-            "dataset": "mnist", "rounds": args.rounds, "fraction-train": args.fraction_train,
+            "dataset": "mnist", "rounds": args.rounds, "min-clients": args.clients, "fraction-train": args.fraction_train,
             "limit-train": args.clients * args.examples_per_client, "limit-test": 1000,
             "lot-size": args.lot_size, "noise-multiplier": args.noise_multiplier, "out": tmp,
         }

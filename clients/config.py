@@ -40,6 +40,7 @@ class RunSettings:
     dataset: str = "mnist"
     model: str | None = None
     rounds: int = 3
+    min_clients: int = 2
     local_epochs: int = 1
     target_epsilon: float | None = None
     delta: float = 1e-5
@@ -63,7 +64,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise SettingsError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        for name in ("rounds", "local_epochs"):
+        for name in ("rounds", "local_epochs", "min_clients"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name.replace('_', '-')} must be >= 1")
         if not 0 < self.delta < 1:
@@ -110,7 +111,7 @@ _UNSET_IF_ZERO = {
     "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
     "max_grad_norm", "lr", "limit_train", "limit_test",
 }
-_INTS = {"rounds", "local_epochs", "lot_size", "seed", "limit_train", "limit_test"}
+_INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test"}
 
 
 def _parse(field: str, value: Any) -> Any:

@@ -3,7 +3,9 @@
 The server needs each client's N to know (and, in target-ε mode, calibrate) the event
 a round costs it, and a stable client id to key the ledger by (Flower node ids change
 from run to run; partition ids do not). Nodes that do not answer are left out of the
-run; nodes that connect later are never sampled.
+run; nodes that connect later are never sampled, so the server first waits for
+``min-clients`` nodes (the simulation commands set it to ``--clients``: Flower's engine
+registers its nodes while the ServerApp is already running).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     history = History(settings={k: _plain(v) for k, v in asdict(settings).items()})
-    nodes = assign(settings, discover(grid))
+    nodes = assign(settings, discover(grid, min_nodes=settings.min_clients))
     history.clients = {
         a.client_id: {"num_examples": a.num_examples, **a.config} for a in nodes.values()
     }

@@ -6,7 +6,7 @@ Invariants:
   assigned (the update has been seen, whether or not it is aggregated), and the
   ledger is saved atomically before the round's model is released.
 - An update is aggregated only if the client's reported events equal the assigned ones
-  and its arrays have the global model's keys; otherwise it is rejected and logged.
+  and its arrays match the global model (names, shapes, dtypes); otherwise it is rejected and logged.
 - Refusals and failures (error replies) are logged and skipped; they book nothing.
 """
 
@@ -69,7 +69,7 @@ class BudgetedFedAvg(FedAvg):
         self.ledger_path = ledger_path
         self.seed = seed
         self._sent: dict[int, Assignment] = {}
-        self._array_keys: set[str] = set()
+        self._array_spec: dict[str, tuple[tuple[int, ...], str]] = {}
         self._afford: dict[tuple[Any, ...], bool] = {}
         self._round_start = 0.0
 
@@ -109,7 +109,7 @@ class BudgetedFedAvg(FedAvg):
         log(INFO, "configure_train: %d of %d affordable clients sampled (%d known)",
             size, len(eligible), len(self.nodes))
         self._sent = {n: self.nodes[n] for n in sampled}
-        self._array_keys = set(arrays.keys())
+        self._array_spec = _spec(arrays)
         messages = []
         for node in sampled:
             node_config = ConfigRecord({**config, **self.nodes[node].config})
@@ -150,6 +150,8 @@ class BudgetedFedAvg(FedAvg):
         round_log.epsilon = {a.client_id: self.ledger.spent(a.client_id) for a in self.nodes.values()}
         for cid in sorted(round_log.participants):
             log(INFO, "\tclient %s: ε = %.4f (δ = %g)", cid, round_log.epsilon[cid], self.ledger.budget.delta)
+        log(INFO, "aggregate_train: %d accepted, %d rejected, %d refused or failed",
+            len(accepted), len(round_log.rejected), len(round_log.failed))
         # In client order: float sums must not depend on which reply arrived first.
         accepted.sort(key=lambda m: self._sent[m.metadata.src_node_id].client_id)
         arrays, metrics = super().aggregate_train(server_round, accepted)
@@ -170,8 +172,8 @@ class BudgetedFedAvg(FedAvg):
             return f"reported events {reported} differ from the assigned {assignment.events}"
         if list(content.array_records) != [protocol.ARRAYS]:
             return f"expected one ArrayRecord '{protocol.ARRAYS}'"
-        if set(content.array_records[protocol.ARRAYS].keys()) != self._array_keys:
-            return "arrays do not match the global model's keys"
+        if _spec(content.array_records[protocol.ARRAYS]) != self._array_spec:
+            return "arrays do not match the global model's names, shapes and dtypes"
         metrics = content.metric_records.get(protocol.METRICS)
         if metrics is None or len(content.metric_records) != 1:
             return f"expected one MetricRecord '{protocol.METRICS}'"
@@ -181,3 +183,7 @@ class BudgetedFedAvg(FedAvg):
         if isinstance(weight, list) or weight <= 0:
             return f"'{protocol.NUM_EXAMPLES}' must be a positive number"
         return None
+
+
+def _spec(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: (tuple(array.shape), str(array.dtype)) for name, array in arrays.items()}

@@ -62,8 +62,8 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
 
 
 def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), plus the data set."""
-    overrides: dict[str, Any] = {"dataset": dataset}
+    """The run-config keys the user set (kebab-case), the data set, and ``min-clients``."""
+    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients}
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:

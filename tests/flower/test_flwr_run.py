@@ -66,7 +66,7 @@ def _healthy(port: int) -> bool:
 
 def test_flwr_run_one_round_two_supernodes(superlink, tmp_path, shared_data_dir):
     out = tmp_path / "out"
-    run_config = (f"rounds=1 limit-train=400 limit-test=300 lot-size=50 noise-multiplier=1.0 "
+    run_config = (f"rounds=1 min-clients=2 limit-train=400 limit-test=300 lot-size=50 noise-multiplier=1.0 "
                   f"data-dir='{shared_data_dir}' out='{out}'")
     done = subprocess.run(
         [BIN / "flwr", "run", ".", "test", "--run-config", run_config,
