@@ -108,6 +108,11 @@ def _rule_applies(module: nn.Module) -> bool:
     return True
 
 
+def _or_zeros(grad: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:
+    """The output gradient; zeros for an output the loss does not depend on."""
+    return torch.zeros_like(output) if grad is None else grad
+
+
 @contextmanager
 def bookkeeping_clipped_sum(
     model: nn.Module, params: dict[str, torch.Tensor], loss_fn: LossFn, config: DPSGDConfig
@@ -143,7 +148,7 @@ def bookkeeping_clipped_sum(
         outputs = [captured[layer][1] for layer in ran]
         output_grads = torch.autograd.grad(loss_sum, outputs, allow_unused=True) if outputs else ()
         rules = {
-            layer: LAYER_RULES[type(layer)](layer, captured[layer][0], torch.zeros_like(out) if g is None else g)
+            layer: LAYER_RULES[type(layer)](layer, captured[layer][0], _or_zeros(g, out))
             for layer, out, g in zip(ran, outputs, output_grads)
         }
         captured.clear()

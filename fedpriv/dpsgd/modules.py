@@ -53,5 +53,6 @@ def model_device(params: dict[str, torch.Tensor]) -> torch.device:
     """The single device holding all ``params``."""
     devices = {p.device for p in params.values()}
     if len(devices) != 1:
-        raise UnsupportedModuleError(f"the model's parameters are spread over devices {sorted(map(str, devices))}")
+        spread = sorted(map(str, devices))
+        raise UnsupportedModuleError(f"the model's parameters are spread over devices {spread}")
     return devices.pop()

@@ -35,7 +35,8 @@ def test_non_private_schedule_equals_sgd_on_the_same_lot(mode, data):
     model, reference = build("mlp"), build("mlp")
     q, lr = 0.25, 0.1
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    run(model, data, steps=1, optimizer=opt, noise_multiplier=0.0, max_grad_norm=math.inf, grad_sample_mode=mode)
+    run(model, data, steps=1, optimizer=opt, noise_multiplier=0.0, max_grad_norm=math.inf,
+        grad_sample_mode=mode)
     lot = poisson_lot(len(data[0]), q, generators()["sampling_generator"])
     assert 0 < lot.numel() < len(data[0])
     x, y = data[0][lot], data[1][lot]
@@ -131,7 +132,8 @@ def test_dropout_trains_with_a_mask_per_example(mode, data):
     report = run(model, data, grad_sample_mode=mode)
     assert math.isfinite(report.mean_loss)
     same = data[0][:1].expand(8, -1, -1, -1)
-    grads, _ = per_example_gradients(model, trainable_parameters(model), same, data[1][:1].expand(8), F.cross_entropy)
+    same_labels = data[1][:1].expand(8)
+    grads, _ = per_example_gradients(model, trainable_parameters(model), same, same_labels, F.cross_entropy)
     assert not torch.allclose(grads["4.weight"][0], grads["4.weight"][1])
 
 

@@ -19,7 +19,8 @@ def noise_only_update(sigma, C, q, seeds=(1, 2), steps=1, secure_mode=False):
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
     x, y = make_data(40)
     train_dpsgd(model, x, y, config=DPSGDConfig(sigma, C, q, secure_mode=secure_mode), steps=steps,
-                optimizer=torch.optim.SGD(model.parameters(), lr=1.0), loss_fn=zero_loss, **generators(*seeds))
+                optimizer=torch.optim.SGD(model.parameters(), lr=1.0), loss_fn=zero_loss,
+                **generators(*seeds))
     return before - torch.cat([p.detach().flatten() for p in model.parameters()]), q * len(x)
 
 
