@@ -54,7 +54,9 @@ def non_private(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunne
 def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]:
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        config = DPSGDConfig(SIGMA, CLIP, sample_rate=1.0, max_physical_batch_size=BATCH, grad_sample_mode=mode)
+        config = DPSGDConfig(
+            SIGMA, CLIP, sample_rate=1.0, max_physical_batch_size=BATCH, grad_sample_mode=mode
+        )
         sampling, noise = (torch.Generator(device=x.device).manual_seed(s) for s in (1, 2))
 
         def run(n: int) -> None:
@@ -102,7 +104,12 @@ IMPLEMENTATIONS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], Ste
 
 
 def samples_per_second(
-    run: StepRunner, warmup: int, timed: int, budget_s: float, device: torch.device, clock: Callable[[], float]
+    run: StepRunner,
+    warmup: int,
+    timed: int,
+    budget_s: float,
+    device: torch.device,
+    clock: Callable[[], float],
 ) -> float:
     """Warm up, then time ``timed`` steps — fewer (at least 3) for a step slower than budget_s / timed."""
     start = clock()
@@ -142,7 +149,9 @@ def benchmark(quick: bool, clock: Callable[[], float]) -> dict:
                     continue
                 best[(model_name, impl)] = max(rate, best.get((model_name, impl), 0.0))
     cases = [{"model": m, "impl": i, "samples_per_s": round(r, 1)} for (m, i), r in best.items()]
-    cases += [{"model": m, "impl": i, "samples_per_s": None, "skipped": why} for (m, i), why in skipped.items()]
+    cases += [
+        {"model": m, "impl": i, "samples_per_s": None, "skipped": why} for (m, i), why in skipped.items()
+    ]
     return {"cases": cases, "ratios": {m: _ratios(best, m) for m in MODELS}}
 
 
@@ -170,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps and repeats")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall time or process CPU time")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall or process CPU time")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"{args.threads} torch thread(s), {args.clock} clock, batch {BATCH}")

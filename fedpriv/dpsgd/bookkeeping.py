@@ -77,10 +77,12 @@ def _conv2d(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> dict[str, Per
 
 def _group_norm(layer: nn.GroupNorm, a: torch.Tensor, g: torch.Tensor) -> dict[str, PerExample]:
     normalised = F.group_norm(a, layer.num_groups, eps=layer.eps)
-    return {
-        "weight": Materialised((normalised * g).flatten(2).sum(2)),
-        "bias": Materialised(g.flatten(2).sum(2)),
-    }
+    return {"weight": Materialised(_per_channel_sum(normalised * g)), "bias": Materialised(_per_channel_sum(g))}
+
+
+def _per_channel_sum(t: torch.Tensor) -> torch.Tensor:
+    """(B, C, *spatial) → (B, C); no spatial dims is fine."""
+    return t.reshape(t.shape[0], t.shape[1], -1).sum(2)
 
 
 LAYER_RULES: dict[type[nn.Module], LayerRule] = {

@@ -10,7 +10,7 @@ from torch import nn
 
 
 def tiny_mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 3))
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 12), nn.GroupNorm(3, 12), nn.ReLU(), nn.Linear(12, 3))
 
 
 def tiny_cnn() -> nn.Module:
