@@ -26,6 +26,22 @@ class Partition(str, Enum):
     SHARD = "shard"
 
 
+class LocalRandomness(str, Enum):
+    """Where a client's DP-SGD randomness (Poisson lots, Gaussian noise) comes from.
+
+    ``secure`` (the default for deployments): lots from a fresh secret seed, noise from the
+    OS CSPRNG (``secure_mode``): nobody, the server included, can reproduce or strip it.
+    ``run-seed`` (what ``python -m simulations.*`` use): both are derived from the run's
+    ``seed``, so runs are reproducible — but whoever knows the seed, the server included,
+    can regenerate the noise and subtract it: **simulation only**. A SuperNode operator
+    may instead set ``local-seed`` in ``--node-config`` for noise that is reproducible to
+    them and secret from the server.
+    """
+
+    SECURE = "secure"
+    RUN_SEED = "run-seed"
+
+
 DATASETS = ("mnist", "cifar10")
 
 
@@ -55,6 +71,7 @@ class RunSettings:
     partition: Partition = Partition.IID
     alpha: float = 0.5
     seed: int = 0
+    local_randomness: LocalRandomness = LocalRandomness.SECURE
     limit_train: int | None = None
     limit_test: int | None = None
     data_dir: str | None = None
@@ -119,6 +136,8 @@ def _parse(field: str, value: Any) -> Any:
     try:
         if field == "partition":
             return Partition(value)
+        if field == "local_randomness":
+            return LocalRandomness(value)
         if field in ("data_dir", "out"):
             return str(value) or None
         if field == "model":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from clients import protocol
-from clients.config import RunSettings
+from clients.config import LocalRandomness, RunSettings
 from clients.partition import partition_indices
 from fedpriv.data import TensorPair, load_dataset
 from fedpriv.models import build_model
@@ -66,6 +67,20 @@ def own_ledger(context: Context, settings: RunSettings) -> PrivacyLedger:
     return PrivacyLedger(Budget(epsilon=budget, delta=settings.delta), accountant="rdp")
 
 
+def local_seed(settings: RunSettings, node_config: Mapping[str, Any]) -> tuple[int, bool]:
+    """(seed for this round's lots and noise, whether noise must come from the CSPRNG).
+
+    A node's own ``local-seed`` wins (reproducible for its operator, unknown to the
+    server); else ``run-seed`` uses the run's seed (simulations); else a fresh secret
+    seed and CSPRNG noise (see ``LocalRandomness``).
+    """
+    if "local-seed" in node_config:
+        return int(node_config["local-seed"]), False
+    if settings.local_randomness is LocalRandomness.RUN_SEED:
+        return settings.seed, False
+    return secrets.randbits(63), True
+
+
 def train(msg: Message, context: Context) -> Message:
     """Local DP-SGD on the received model, or a refusal when the round does not fit."""
     settings = RunSettings.from_run_config(context.run_config)
@@ -82,8 +97,9 @@ def train(msg: Message, context: Context) -> Message:
         return Message(Error(code=protocol.REFUSAL_CODE, reason=reason), reply_to=msg)
     model = build_model(plan.model, settings.seed)
     model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
-    report = train_round(model, data.features, data.labels, plan,
-                         seed=settings.seed, client=int(cid), round_=round_, device=default_device())
+    seed, secure_noise = local_seed(settings, context.node_config)
+    report = train_round(model, data.features, data.labels, plan, seed=seed, client=int(cid),
+                         round_=round_, device=default_device(), secure_noise=secure_noise)
     ledger.record(cid, round_, report.events)
     context.state.config_records[LEDGER_STATE] = ConfigRecord({"json": json.dumps(ledger.to_dict())})
     content = RecordDict({

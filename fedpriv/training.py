@@ -174,22 +174,28 @@ def train_round(
     round_: int,
     device: torch.device | str,
     progress: bool = False,
+    secure_noise: bool = False,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
 
     Moves model and data to ``device``; the report's events are the round's whole
-    privacy cost.
+    privacy cost. Lots and noise come from ``round_generators(seed, client, round_)``;
+    with ``secure_noise`` the noise comes from the OS CSPRNG instead (not reproducible,
+    and secret even from whoever knows ``seed``).
     """
     device = torch.device(device)
     model.to(device)
     features, labels = features.to(device), labels.to(device)
     num_examples = len(labels)
     sampling, noise = round_generators(seed, client, round_, device=device)
+    config = plan.dpsgd_config(num_examples)
+    if secure_noise:
+        config, noise = dataclasses.replace(config, secure_mode=True), None
     return train_dpsgd(
         model,
         features,
         labels,
-        config=plan.dpsgd_config(num_examples),
+        config=config,
         steps=plan.steps_per_round(num_examples),
         optimizer=make_optimizer(model, plan, round_),
         sampling_generator=sampling,

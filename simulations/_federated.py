@@ -62,8 +62,10 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
 
 
 def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), the data set, and ``min-clients``."""
-    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients}
+    """The run-config keys the user set (kebab-case), the data set, ``min-clients``, and
+    ``local-randomness = run-seed``: a simulation is reproducible from its seed (never
+    do this in a deployment, where the server must not know the clients' noise)."""
+    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients, "local-randomness": "run-seed"}
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
