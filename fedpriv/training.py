@@ -132,7 +132,7 @@ def default_epochs(dataset: str, target_epsilon: float | None) -> int:
     the noise that more steps require outweighs the extra optimisation."""
     if target_epsilon is None or target_epsilon >= 2:
         return 25
-    return 15 if target_epsilon >= 1 else 10
+    return 15 if target_epsilon >= 1 else 7
 
 
 def calibrate_plan(
