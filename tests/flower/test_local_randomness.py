@@ -7,13 +7,13 @@ from clients.task import local_seed
 from fedpriv.models import build_model
 from fedpriv.training import TrainingPlan, model_sha256, train_round
 
-PLAN = TrainingPlan(model="mlp", lot_size=8, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
+PLAN = TrainingPlan(model="cnn", lot_size=8, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
 
 
 def _train(seed: int, secure_noise: bool) -> str:
     x = torch.zeros(32, 1, 28, 28)
     y = torch.zeros(32, dtype=torch.long)
-    model = build_model("mlp", seed=0)
+    model = build_model("cnn", seed=0)
     train_round(model, x, y, PLAN, seed=seed, client=0, round_=1, device="cpu", secure_noise=secure_noise)
     return model_sha256(model)
 
