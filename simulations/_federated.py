@@ -56,7 +56,8 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     p.add_argument("--download", action="store_true", default=None)
     p.add_argument("--out", default=f"runs/{dataset}", help="output folder")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
-    p.add_argument("--cpus-per-client", type=float, default=1.0)
+    p.add_argument("--cpus-per-client", type=float,
+                   help="default: torch's threads shared out, max(1, threads // clients)")
     p.add_argument("--gpus-per-client", type=float, help="default 0.25 when CUDA is available")
     return p
 
@@ -74,13 +75,17 @@ def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, An
 
 
 def backend_config(args: argparse.Namespace) -> dict[str, Any]:
-    """Ray resources: one CPU per client, a GPU fraction when CUDA is there."""
+    """Ray resources: the cores shared out (one per client once there are at least as many
+    clients as torch threads), a GPU fraction when CUDA is there. Ray sets each client's
+    OMP_NUM_THREADS to its CPUs, so a single client trains with the thread count of
+    ``simulations.centralized`` — and float results depend on the thread count."""
+    cpus = args.cpus_per_client or max(1, torch.get_num_threads() // args.clients)
     gpus = args.gpus_per_client
     if gpus is None:
         gpus = 0.25 if torch.cuda.is_available() else 0.0
     init_args: dict[str, Any] = {"address": args.ray_address} if args.ray_address else {}
     return {
-        "client_resources": {"num_cpus": args.cpus_per_client, "num_gpus": gpus},
+        "client_resources": {"num_cpus": cpus, "num_gpus": gpus},
         "init_args": init_args,
     }
 
