@@ -22,7 +22,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from fedpriv.privacy.events import DpEvent, EventError, dpsgd_event, event_from_dict, event_to_dict
+from fedpriv.privacy.events import DpEvent, EventError, event_from_dict, event_to_dict
 from fedpriv.training import TrainingPlan
 
 ARRAYS = "arrays"
@@ -77,9 +77,3 @@ def read_plan(config: Mapping[str, Any]) -> TrainingPlan:
         elif field.default is dataclasses.MISSING:
             raise ValueError(f"train config lacks '{key}'")
     return TrainingPlan(**values)
-
-
-def round_events(plan: TrainingPlan, num_examples: int) -> tuple[DpEvent, ...]:
-    """The events one round of ``plan`` on N examples spends (what the engine reports)."""
-    return (dpsgd_event(plan.noise_multiplier, plan.sample_rate(num_examples),
-                        plan.steps_per_round(num_examples)),)

@@ -90,7 +90,7 @@ def train(msg: Message, context: Context) -> Message:
     round_ = int(config[protocol.SERVER_ROUND])
     data = local_data(settings, context.node_config)
     ledger = own_ledger(context, settings)
-    events = protocol.round_events(plan, len(data.labels))
+    events = plan.round_events(len(data.labels))
     if round_ in ledger.rounds(cid) or not ledger.can_afford(cid, events):
         reason = (f"client {cid} refuses round {round_}: already trained it or it would exceed "
                   f"its own budget (spent ε = {ledger.spent(cid):.4f} of {ledger.budget.epsilon})")

@@ -25,7 +25,8 @@ from torch import nn
 
 from fedpriv.dpsgd import Clipping, DPSGDConfig, TrainReport, steps_per_epoch, train_dpsgd
 from fedpriv.models import MODELS
-from fedpriv.privacy import calibrate_noise_multiplier
+from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event
+from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import round_generators
 
 
@@ -97,6 +98,12 @@ class TrainingPlan:
         """``local_epochs × steps_per_epoch(q)`` DP-SGD steps in one round."""
         return self.local_epochs * steps_per_epoch(self.sample_rate(num_examples))
 
+    def round_events(self, num_examples: int) -> tuple[DpEvent, ...]:
+        """The events one round spends on N examples: what a server books *before* it
+        asks, and exactly what ``train_round`` reports afterwards."""
+        q = self.sample_rate(num_examples)
+        return (dpsgd_event(self.noise_multiplier, q, self.steps_per_round(num_examples)),)
+
     def dpsgd_config(self, num_examples: int) -> DPSGDConfig:
         """The engine's config for a local data set of ``num_examples``."""
         return DPSGDConfig(
@@ -131,7 +138,7 @@ def default_epochs(dataset: str, target_epsilon: float | None) -> int:
     """Default number of epochs (= rounds of one local epoch): fewer for smaller ε, where
     the noise that more steps require outweighs the extra optimisation."""
     if target_epsilon is None or target_epsilon >= 2:
-        return 25
+        return 40
     return 15 if target_epsilon >= 1 else 7
 
 

@@ -44,6 +44,6 @@ def assign(settings: RunSettings, clients: Mapping[int, ClientInfo]) -> dict[int
         nodes[node] = Assignment(
             client_id=info.client_id, num_examples=info.num_examples,
             config=protocol.plan_config(plan),
-            events=protocol.round_events(plan, info.num_examples),
+            events=plan.round_events(info.num_examples),
         )
     return nodes

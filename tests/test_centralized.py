@@ -42,7 +42,9 @@ def test_short_dpsgd_run_learns(mnist) -> None:
     model = build_model("cnn", seed=0)
     events = []
     for round_ in (1, 2, 3, 4, 5, 6, 7, 8):  # 8 × 31 = 248 steps at q = 0.032
-        events += train_round(model, *train, SMALL, seed=0, client=0, round_=round_, device="cpu").events
+        report = train_round(model, *train, SMALL, seed=0, client=0, round_=round_, device="cpu")
+        assert report.events == SMALL.round_events(len(train.labels))  # what a server books
+        events += report.events
     _, accuracy = evaluate(model, *test)
     assert accuracy >= 0.85
     assert math.isfinite(epsilon_of(ComposedEvent(tuple(events)), 1e-5))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 PLAN = dataclasses.replace(default_plan("mnist"), lot_size=50, noise_multiplier=1.5)
 N = 100  # partition 0 of 2 of the first 200 examples
-ONE = protocol.round_events(PLAN, N)
+ONE = PLAN.round_events(N)
 
 
 def _message(round_: int, plan=PLAN) -> Message:
