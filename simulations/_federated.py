@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,9 @@ def simulate(
 
 def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     """Parse flags, simulate, add the total wall time to results.json, plot it."""
+    # Flower logs through its own handler; once a dependency gives the root logger one
+    # (a module-level ``logging.warning``), every line would print twice.
+    logging.getLogger("flwr").propagate = False
     args = build_parser(dataset).parse_args(argv)
     overrides = run_config_overrides(args, dataset)
     wall = simulate(args.clients, overrides, backend_config(args))
