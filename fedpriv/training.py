@@ -138,7 +138,7 @@ def default_epochs(dataset: str, target_epsilon: float | None) -> int:
     """Default number of epochs (= rounds of one local epoch): fewer for smaller ε, where
     the noise that more steps require outweighs the extra optimisation."""
     if target_epsilon is None or target_epsilon >= 2:
-        return 40
+        return 25
     return 15 if target_epsilon >= 1 else 7
 
 
