@@ -1,8 +1,6 @@
 """Data loaders: MNIST from the shared folder, CIFAR-10 through torchvision's real loader on
 tiny files in CIFAR-10's pickle format, DIGITS / iris, and the missing-data error."""
 
-import hashlib
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +9,7 @@ import torch
 import torchvision
 
 from fedpriv.data import DatasetNotFoundError, default_data_dir, load_dataset
+from tests.cifar_files import md5_tables, write_cifar10
 
 
 def test_mnist_shapes_dtypes_normalisation(shared_data_dir: Path) -> None:
@@ -31,25 +30,9 @@ def test_mnist_limit_keeps_first_examples(shared_data_dir: Path) -> None:
 
 def _write_cifar(root: Path, per_batch: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
     """Tiny CIFAR-10 files in the original format; torchvision's md5 table is pointed at them."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    md5 = {}
-    written = {}
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
-        labels = rng.integers(0, 10, size=per_batch).tolist()
-        (folder / name).write_bytes(pickle.dumps({"data": data, "labels": labels, "batch_label": name}))
-        md5[name] = hashlib.md5((folder / name).read_bytes()).hexdigest()
-        written[name] = data
-    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer",
-                            "dog", "frog", "horse", "ship", "truck"]}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
-    cls = torchvision.datasets.CIFAR10
-    monkeypatch.setattr(cls, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
-    monkeypatch.setattr(cls, "test_list", [["test_batch", md5["test_batch"]]])
-    meta_md5 = hashlib.md5((folder / "batches.meta").read_bytes()).hexdigest()
-    monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": meta_md5})
+    written, md5 = write_cifar10(root, per_batch)
+    for name, value in md5_tables(md5).items():
+        monkeypatch.setattr(torchvision.datasets.CIFAR10, name, value)
     return written
 
 
