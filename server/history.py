@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fedpriv.files import write_json_atomic
 
 
 @dataclass
@@ -64,15 +63,6 @@ class History:
     def save(self, path: Path) -> None:
         """Write ``results.json`` atomically (temp file + ``os.replace``)."""
         write_json_atomic(path, self.to_json())
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file in the same folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=2)
-    os.replace(tmp, path)
 
 
 def _finite(value: Any) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from fedpriv.files import write_json_atomic
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # flag -> run-config key, for the flags that map one to one
@@ -143,7 +145,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above")
     results = json.loads(results_path.read_text())
     results["simulation_wall_time_s"] = wall
-    results_path.write_text(json.dumps(results, indent=2))
+    write_json_atomic(results_path, results)
     from simulations._plots import plot_results
 
     plot_results(results, out)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from fedpriv.files import write_json_atomic
 from fedpriv.privacy.accountants import AccountantKind, make_accountant
 from fedpriv.privacy.events import (
     ComposedEvent,
@@ -208,17 +208,7 @@ class PrivacyLedger:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a crash leaves either the old file or the new one."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(path, self.to_dict(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
