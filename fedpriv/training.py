@@ -18,6 +18,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,11 +128,13 @@ _DEFAULT_PLANS: dict[str, TrainingPlan] = {
 }
 
 
-def default_plan(dataset: str) -> TrainingPlan:
-    """The per-dataset defaults of ``simulations.centralized`` (σ to be calibrated)."""
+def default_plan(dataset: str, **overrides: Any) -> TrainingPlan:
+    """The data set's defaults (σ to be calibrated) with ``overrides`` of plan fields; an
+    override of ``None`` keeps the default (an unset flag or run-config key)."""
     if dataset not in _DEFAULT_PLANS:
         raise ValueError(f"no default plan for {dataset!r}; choose one of {', '.join(_DEFAULT_PLANS)}")
-    return _DEFAULT_PLANS[dataset]
+    chosen = {name: value for name, value in overrides.items() if value is not None}
+    return dataclasses.replace(_DEFAULT_PLANS[dataset], **chosen)
 
 
 def default_epochs(dataset: str, target_epsilon: float | None) -> int:

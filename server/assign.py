@@ -7,7 +7,6 @@ clients), so that ``rounds`` rounds of its event end at ≤ ``target-epsilon``: 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from clients import protocol
@@ -20,13 +19,10 @@ from server.strategy import Assignment
 def base_plan(settings: RunSettings) -> TrainingPlan:
     """The data set's default plan with the run's overrides; the LR decays over the
     rounds exactly as ``simulations.centralized`` decays it over the epochs."""
-    overrides = {
-        "model": settings.model, "lot_size": settings.lot_size, "lr": settings.lr,
-        "max_grad_norm": settings.max_grad_norm, "noise_multiplier": settings.noise_multiplier,
-        "local_epochs": settings.local_epochs, "lr_decay_rounds": settings.rounds,
-    }
-    return dataclasses.replace(
-        default_plan(settings.dataset), **{k: v for k, v in overrides.items() if v is not None}
+    return default_plan(
+        settings.dataset, model=settings.model, lot_size=settings.lot_size, lr=settings.lr,
+        max_grad_norm=settings.max_grad_norm, noise_multiplier=settings.noise_multiplier,
+        local_epochs=settings.local_epochs, lr_decay_rounds=settings.rounds,
     )
 
 

@@ -75,9 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     """The data set's default plan with the flags' overrides (σ not yet calibrated)."""
-    overrides = {"model": args.model, "lot_size": args.lot_size, "lr": args.lr,
-                 "max_grad_norm": args.max_grad_norm, "noise_multiplier": args.noise_multiplier}
-    plan = dataclasses.replace(default_plan(args.dataset), **{k: v for k, v in overrides.items() if v is not None})
+    plan = default_plan(args.dataset, model=args.model, lot_size=args.lot_size, lr=args.lr,
+                        max_grad_norm=args.max_grad_norm, noise_multiplier=args.noise_multiplier)
     return plan.non_private() if args.non_private else plan
 
 
