@@ -23,6 +23,7 @@ import math
 from scipy.optimize import brentq
 
 from fedpriv.privacy.accountants import epsilon_of
+from fedpriv.privacy.accountants.approx import amplify
 from fedpriv.privacy.events import dpsgd_event
 
 SAMPLE_RATE = 0.01
@@ -42,7 +43,7 @@ def paper_ac_epsilon(sigma: float, sample_rate: float, steps: int, delta_total: 
     """ε_tot of the paper's DPD-AC recipe (module docstring) for noise σ."""
     delta_iter = (delta_total - delta_prime) / (steps * sample_rate)
     eps_iter = classic_gaussian_epsilon(sigma, delta_iter)
-    eps_step = math.log1p(sample_rate * math.expm1(eps_iter))
+    eps_step = amplify(eps_iter, sample_rate)
     return math.sqrt(2.0 * steps * math.log(1.0 / delta_prime)) * eps_step + steps * eps_step * math.expm1(eps_step)
 
 
