@@ -3,10 +3,11 @@
 A forward hook keeps each supported layer's input a and output; one
 ``autograd.grad(Σ_i loss_i, outputs)`` gives the output gradients g (never the parameter
 gradients).  From (a, g) each layer rule yields, per parameter tensor, the per-example
-squared norms and a way to form Σ_i c_i g_i for any factors c:
+squared norms and a way to add Σ_i c_i g_i, for any factors c, into a buffer:
 
 - ``nn.Linear`` on (B, in) inputs: ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖², and Σ_i c_i g_i a_iᵀ =
-  (c⊙G)ᵀA, one matmul (Bu et al. 2022; Li et al. 2021) — nothing of size B × params.
+  (c⊙G)ᵀA, one in-place matmul (Bu et al. 2022; Li et al. 2021) — nothing of size
+  B × params.
 - ``nn.Linear`` on (B, ..., in), ``nn.Conv2d`` (via unfold), ``nn.GroupNorm``: the
   per-example gradients are small enough to materialise.
 
@@ -15,7 +16,7 @@ The result equals ``per_example.vmap_clipped_sum`` up to float rounding (tested)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.dpsgd.clipping import ClippedSum, clip_factors, squared_norms, weighted_sum
+from fedpriv.dpsgd.clipping import ClippedSumFn, add_weighted_sum_, clip_factors, squared_norms
 from fedpriv.dpsgd.config import DPSGDConfig
 from fedpriv.dpsgd.modules import UnsupportedModuleError
 from fedpriv.dpsgd.per_example import LossFn
@@ -38,8 +39,8 @@ class Materialised:
     def squared_norms(self) -> torch.Tensor:
         return squared_norms(self.grads)
 
-    def weighted_sum(self, factors: torch.Tensor) -> torch.Tensor:
-        return weighted_sum(factors, self.grads)
+    def add_weighted_sum_(self, into: torch.Tensor, factors: torch.Tensor) -> None:
+        add_weighted_sum_(into, factors, self.grads)
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class OuterProduct:
     def squared_norms(self) -> torch.Tensor:
         return squared_norms(self.output_grads) * squared_norms(self.inputs)
 
-    def weighted_sum(self, factors: torch.Tensor) -> torch.Tensor:
-        return (self.output_grads * factors.unsqueeze(1)).T @ self.inputs
+    def add_weighted_sum_(self, into: torch.Tensor, factors: torch.Tensor) -> None:
+        into.addmm_((self.output_grads * factors.unsqueeze(1)).T, self.inputs)
 
 
 PerExample = Materialised | OuterProduct
@@ -118,8 +119,8 @@ def _or_zeros(grad: torch.Tensor | None, output: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def bookkeeping_clipped_sum(
     model: nn.Module, params: dict[str, torch.Tensor], loss_fn: LossFn, config: DPSGDConfig
-) -> Iterator[Callable[[torch.Tensor, torch.Tensor], ClippedSum]]:
-    """Yield ``clipped_sum(features, labels)`` computed by book-keeping; hooks removed on exit."""
+) -> Iterator[ClippedSumFn]:
+    """Yield ``clipped_sum(features, labels, into)`` computed by book-keeping; hooks removed on exit."""
     if not supports_bookkeeping(model):
         raise UnsupportedModuleError(
             "grad_sample_mode='bookkeeping' supports Linear, Conv2d (groups=1, zero padding) and "
@@ -143,7 +144,9 @@ def bookkeeping_clipped_sum(
 
     handles = [layer.register_forward_hook(keep) for layer in layers]
 
-    def clipped_sum(features: torch.Tensor, labels: torch.Tensor) -> ClippedSum:
+    def clipped_sum(
+        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
         captured.clear()
         loss_sum = loss_fn(model(features), labels) * len(labels)
         ran = [layer for layer in layers if layer in captured]
@@ -163,8 +166,9 @@ def bookkeeping_clipped_sum(
 
         grads = [per_example(p) for p in params.values()]
         factors = clip_factors([g.squared_norms() for g in grads], config.max_grad_norm, config.clipping)
-        sums = [g.weighted_sum(f).view_as(p) for g, f, p in zip(grads, factors, params.values())]
-        return sums, loss_sum.detach()
+        for buffer, g, f in zip(into, grads, factors):
+            g.add_weighted_sum_(buffer, f)
+        return loss_sum.detach()
 
     try:
         yield clipped_sum

@@ -2,21 +2,23 @@
 
 Every gradient path reports, per trainable parameter tensor, the squared per-example norms
 (shape ``(B,)``); the factors computed here are then applied *before* summing, so the sum of
-clipped gradients has L2 sensitivity ≤ C (add/remove one example).  Factor
+clipped gradients has L2 sensitivity ≤ C (add/remove one example).  Sums are added into
+caller-owned buffers (``ClippedSumFn``), so a step allocates no parameter-sized tensors.  Factor
 ``C / max(‖g‖, C)`` is exactly 1 for small gradients and never needs an epsilon.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from fedpriv.dpsgd.config import Clipping
 
-ClippedSum = tuple[list[torch.Tensor], torch.Tensor]
-"""(Σ_i clipped g_i per trainable parameter tensor, Σ_i loss_i) over one micro-batch."""
+ClippedSumFn = Callable[[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
+"""``clipped_sum(features, labels, into)``: add Σ_i clipped g_i of the micro-batch into
+``into`` (one buffer per trainable parameter tensor, in place); return Σ_i loss_i."""
 
 
 def clip_factors(
@@ -42,9 +44,9 @@ def per_layer_bound(max_grad_norm: float, num_tensors: int) -> float:
     return max_grad_norm / math.sqrt(num_tensors)
 
 
-def weighted_sum(factors: torch.Tensor, per_example: torch.Tensor) -> torch.Tensor:
-    """Σ_i factors[i] · per_example[i] for materialised ``(B, *shape)`` gradients."""
-    return torch.tensordot(factors, per_example, dims=1)
+def add_weighted_sum_(into: torch.Tensor, factors: torch.Tensor, per_example: torch.Tensor) -> None:
+    """``into += Σ_i factors[i] · per_example[i]`` for materialised ``(B, *shape)`` gradients."""
+    into.view(-1).addmv_(per_example.reshape(len(factors), -1).T, factors)
 
 
 def squared_norms(per_example: torch.Tensor) -> torch.Tensor:

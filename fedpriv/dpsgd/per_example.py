@@ -6,13 +6,13 @@ tested against.  Memory is B × (number of parameters) floats per micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedpriv.dpsgd.clipping import ClippedSum, clip_factors, squared_norms, weighted_sum
+from fedpriv.dpsgd.clipping import add_weighted_sum_, clip_factors, squared_norms
 from fedpriv.dpsgd.config import DPSGDConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,11 +45,16 @@ def vmap_clipped_sum(
     params: dict[str, torch.Tensor],
     features: torch.Tensor,
     labels: torch.Tensor,
+    into: Sequence[torch.Tensor],
+    *,
     loss_fn: LossFn,
     config: DPSGDConfig,
-) -> ClippedSum:
-    """Σ_i clip(g_i) per parameter tensor and Σ_i loss_i, by materialising every g_i."""
+) -> torch.Tensor:
+    """Add Σ_i clip(g_i) per parameter tensor into ``into``, by materialising every g_i;
+    return Σ_i loss_i."""
     grads, losses = per_example_gradients(model, params, features, labels, loss_fn)
     per_example = list(grads.values())
     factors = clip_factors([squared_norms(g) for g in per_example], config.max_grad_norm, config.clipping)
-    return [weighted_sum(f, g) for f, g in zip(factors, per_example)], losses.sum()
+    for buffer, f, g in zip(into, factors, per_example):
+        add_weighted_sum_(buffer, f, g)
+    return losses.sum()

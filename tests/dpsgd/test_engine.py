@@ -48,6 +48,24 @@ def test_non_private_schedule_equals_sgd_on_the_same_lot(mode, data):
     torch.testing.assert_close(flat_params(model), flat_params(reference))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_is_noise_plus_clipped_sum_over_the_expected_lot_size(mode, data):
+    """θ ← θ − (Σ_i clip_C(g_i) + σC·z)/(qN), z the noise generator's first N(0, I) draw."""
+    model, reference = build("cnn"), build("cnn")
+    sigma, C, q = 0.7, 2.8, 0.5
+    run(model, data, steps=1, noise_multiplier=sigma, max_grad_norm=C, sample_rate=q, grad_sample_mode=mode)
+    lot = poisson_lot(len(data[0]), q, generators()["sampling_generator"])
+    params = trainable_parameters(reference)
+    grads, _ = per_example_gradients(reference, params, data[0][lot], data[1][lot], F.cross_entropy)
+    per_example = torch.cat([g.flatten(1) for g in grads.values()], 1)  # (B, P)
+    norms = per_example.norm(dim=1, keepdim=True)
+    assert (norms > C).any() and (norms < C).any()  # both clipped and untouched examples
+    clipped_sum = (per_example * (C / norms.clamp(min=C))).sum(0)
+    noise = torch.randn(per_example.shape[1], generator=generators()["noise_generator"]) * (sigma * C)
+    want = flat_params(reference) - (clipped_sum + noise) / (q * len(data[0]))
+    torch.testing.assert_close(flat_params(model), want, rtol=1e-5, atol=1e-6)
+
+
 def test_full_batch_non_private_step_is_plain_gradient_descent(data):
     model, reference = build("cnn"), build("cnn")
     run(model, data, steps=1, noise_multiplier=0.0, max_grad_norm=math.inf, sample_rate=1.0)

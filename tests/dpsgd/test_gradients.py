@@ -1,6 +1,7 @@
 """Per-example gradients, clipping, and the book-keeping path against the vmap reference."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -13,6 +14,17 @@ from fedpriv.dpsgd.clipping import clip_factors, squared_norms
 from fedpriv.dpsgd.engine import resolve_grad_sample_mode
 from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.per_example import per_example_gradients, vmap_clipped_sum
+
+
+def clipped_sums(clipped_sum, params, x, y):
+    """Call a ``ClippedSumFn`` on zero buffers: (Σ_i clip(g_i) per tensor, Σ_i loss_i)."""
+    sums = [torch.zeros_like(p) for p in params.values()]
+    return sums, clipped_sum(x, y, sums)
+
+
+def vmap_sums(model, params, x, y, cfg):
+    clipped_sum = partial(vmap_clipped_sum, model, params, loss_fn=F.cross_entropy, config=cfg)
+    return clipped_sums(clipped_sum, params, x, y)
 
 
 def loop_gradients(model, x, y):
@@ -67,14 +79,36 @@ def test_bookkeeping_path_equals_the_vmap_path(name, clipping, max_grad_norm):
     params = trainable_parameters(model)
     x, y = make_data(40)
     cfg = DPSGDConfig(0.0, max_grad_norm, 0.1, clipping=clipping)
-    want, want_loss = vmap_clipped_sum(model, params, x, y, F.cross_entropy, cfg)
+    want, want_loss = vmap_sums(model, params, x, y, cfg)
     with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
-        got, got_loss = clipped_sum(x, y)
+        got, got_loss = clipped_sums(clipped_sum, params, x, y)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(got_loss, want_loss)
     assert all(p.grad is None for p in model.parameters())
     assert not model._forward_hooks and not any(m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        torch.nn.Conv2d(1, 3, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 2)),
+        torch.nn.Conv2d(1, 2, 2, bias=False),
+    ],
+)
+def test_bookkeeping_conv_geometry_matches_vmap(conv):
+    """Rectangular kernels, strides, padding and dilation; a conv without bias."""
+    torch.manual_seed(0)
+    width = conv(torch.zeros(1, 1, 4, 4)).numel()
+    model = torch.nn.Sequential(conv, torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(width, 3))
+    params = trainable_parameters(model)
+    x, y = make_data(12)
+    cfg = DPSGDConfig(0.0, 0.1, 0.1)
+    want, _ = vmap_sums(model, params, x, y, cfg)
+    with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
+        got, _ = clipped_sums(clipped_sum, params, x, y)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
 def test_tied_or_unsupported_layers_fall_back_to_vmap():
@@ -112,9 +146,9 @@ def test_project_models_take_the_bookkeeping_path_and_match_vmap(name):
     cfg = DPSGDConfig(1.0, 0.01, 0.1)
     assert resolve_grad_sample_mode(model, cfg) is GradSampleMode.BOOKKEEPING
     params = trainable_parameters(model)
-    want, _ = vmap_clipped_sum(model, params, x, y, F.cross_entropy, cfg)
+    want, _ = vmap_sums(model, params, x, y, cfg)
     with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
-        got, _ = clipped_sum(x, y)
+        got, _ = clipped_sums(clipped_sum, params, x, y)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
 
@@ -145,9 +179,10 @@ def test_a_layer_run_twice_is_refused_by_bookkeeping_and_fine_with_vmap():
     shared = torch.nn.Sequential(torch.nn.Flatten(), model.cell, torch.nn.Tanh(), model.cell)
     assert not supports_bookkeeping(shared)  # registered twice: caught before running
     cfg = DPSGDConfig(1.0, 1.0, 0.1, grad_sample_mode="bookkeeping")
-    with bookkeeping_clipped_sum(model, trainable_parameters(model), F.cross_entropy, cfg) as clipped_sum:
+    params = trainable_parameters(model)
+    with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
         with pytest.raises(UnsupportedModuleError, match="twice"):
-            clipped_sum(x, y)
+            clipped_sums(clipped_sum, params, x, y)
     grads, _ = per_example_gradients(model, trainable_parameters(model), x, y, F.cross_entropy)
     for got, want in zip(grads.values(), loop_gradients(model, x, y)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
