@@ -54,7 +54,8 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
         global_state = {k: v.clone() for k, v in model.state_dict().items()}
         total, weight = None, 0
         for client in sorted(rng.sample(range(num_clients), per_round)):
-            data = local_data(settings, {"partition-id": client, "num-partitions": num_clients})
+            node = {"partition-id": client, "num-partitions": num_clients}
+            data = local_data(settings, node, model=plan.model)
             model.load_state_dict(global_state)
             report = train_round(model, data.features, data.labels, plan, settings.seed, client,
                                  round_, default_device())

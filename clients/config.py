@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from fedpriv.training import LRSchedule
+
 
 class Partition(str, Enum):
     """How the training set is split across clients (flwr-datasets partitioners)."""
@@ -66,6 +68,7 @@ class RunSettings:
     lot_size: int | None = None
     max_grad_norm: float | None = None
     lr: float | None = None
+    lr_schedule: LRSchedule | None = None
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     partition: Partition = Partition.IID
@@ -138,6 +141,8 @@ def _parse(field: str, value: Any) -> Any:
             return Partition(value)
         if field == "local_randomness":
             return LocalRandomness(value)
+        if field == "lr_schedule":
+            return LRSchedule(value) if value else None
         if field in ("data_dir", "out"):
             return str(value) or None
         if field == "model":

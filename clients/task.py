@@ -21,7 +21,7 @@ from clients import protocol
 from clients.config import LocalRandomness, RunSettings
 from clients.partition import partition_indices
 from fedpriv.data import TensorPair, load_dataset
-from fedpriv.models import build_model
+from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import Budget, PrivacyLedger
 from fedpriv.training import default_device, evaluate, train_round
 
@@ -33,16 +33,24 @@ def _dataset(name: str, data_dir: str | None, train: bool, download: bool, limit
     return load_dataset(name, data_dir, train=train, download=download, limit=limit)
 
 
-def local_data(settings: RunSettings, node_config: Mapping[str, Any], train: bool = True) -> TensorPair:
-    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``."""
+@functools.lru_cache(maxsize=32)
+def _partition(settings: RunSettings, partition_id: int, num_partitions: int, train: bool,
+               model: str | None) -> TensorPair:
     limit = settings.limit_train if train else settings.limit_test
     full = _dataset(settings.dataset, settings.data_dir, train, settings.download, limit)
-    idx = partition_indices(
-        full.labels, settings.partition, int(node_config["num-partitions"]),
-        int(node_config["partition-id"]), settings.alpha, settings.seed,
-    )
+    idx = partition_indices(full.labels, settings.partition, num_partitions, partition_id,
+                            settings.alpha, settings.seed)
     index = torch.from_numpy(idx)
-    return TensorPair(full.features[index], full.labels[index])
+    features = full.features[index]
+    return TensorPair(features if model is None else model_inputs(model, features), full.labels[index])
+
+
+def local_data(settings: RunSettings, node_config: Mapping[str, Any], train: bool = True,
+               model: str | None = None) -> TensorPair:
+    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``;
+    with ``model``, its features are that model's inputs (cached: computed once per node)."""
+    return _partition(settings, int(node_config["partition-id"]), int(node_config["num-partitions"]),
+                      train, model)
 
 
 def client_id(node_config: Mapping[str, Any]) -> str:
@@ -88,7 +96,7 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     round_ = int(config[protocol.SERVER_ROUND])
-    data = local_data(settings, context.node_config)
+    data = local_data(settings, context.node_config, model=plan.model)
     ledger = own_ledger(context, settings)
     events = plan.round_events(len(data.labels))
     if round_ in ledger.rounds(cid) or not ledger.can_afford(cid, events):
@@ -119,8 +127,8 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     ``fraction-evaluate`` > 0 (default 0: it evaluates centrally instead).
     """
     settings = RunSettings.from_run_config(context.run_config)
-    data = local_data(settings, context.node_config, train=False)
     model_name = str(msg.content.config_records[protocol.CONFIG][protocol.MODEL])
+    data = local_data(settings, context.node_config, train=False, model=model_name)
     model = build_model(model_name, settings.seed)
     model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     loss, accuracy = evaluate(model, data.features, data.labels)

@@ -31,6 +31,13 @@ from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import round_generators
 
 
+class LRSchedule(StrEnum):
+    """How the LR changes over rounds (= epochs of a centralized run)."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
 class OptimizerKind(StrEnum):
     """The optimizer applied to the privatised gradient (post-processing: no privacy cost)."""
 
@@ -44,9 +51,11 @@ class TrainingPlan:
 
     ``lot_size`` is the *expected* Poisson lot size: q = lot_size / N for a local data set
     of N examples. ``noise_multiplier = 0`` with ``max_grad_norm = inf`` is the
-    non-private schedule (same lots, no clipping, no noise). ``lr_decay_rounds = R > 0``
-    decays the LR by a half cosine over rounds 1..R (a function of the round only, so a
-    federated client applies the very same schedule); 0 keeps it constant.
+    non-private schedule (same lots, no clipping, no noise). With ``lr_schedule =
+    cosine``, the LR decays by a half cosine over rounds 1..``lr_decay_rounds`` (which the
+    runner sets to its number of rounds or epochs; 0 means no horizon yet: constant). The
+    LR is a function of the round only, so a federated client applies the very same
+    schedule as a centralized run.
     """
 
     model: str
@@ -59,6 +68,7 @@ class TrainingPlan:
     local_epochs: int = 1
     max_physical_batch_size: int = 512
     clipping: Clipping | str = Clipping.FLAT
+    lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
     lr_decay_rounds: int = 0
 
     def __post_init__(self) -> None:
@@ -75,6 +85,7 @@ class TrainingPlan:
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         object.__setattr__(self, "optimizer", OptimizerKind(self.optimizer))
+        object.__setattr__(self, "lr_schedule", LRSchedule(self.lr_schedule))
         # σ, C, physical batch size and clipping are the engine's to validate, once.
         object.__setattr__(self, "clipping", self.dpsgd_config(num_examples=self.lot_size).clipping)
 
@@ -83,8 +94,8 @@ class TrainingPlan:
         return self.noise_multiplier > 0
 
     def lr_at(self, round_: int) -> float:
-        """The LR of round ``round_`` (1-based): lr · ½(1 + cos(π (r−1)/R)) for r ≤ R."""
-        if self.lr_decay_rounds == 0:
+        """The LR of round ``round_`` (1-based); cosine: lr · ½(1 + cos(π (r−1)/R)) for r ≤ R."""
+        if self.lr_schedule is LRSchedule.CONSTANT or self.lr_decay_rounds == 0:
             return self.lr
         progress = min(round_ - 1, self.lr_decay_rounds) / self.lr_decay_rounds
         return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
@@ -120,11 +131,13 @@ class TrainingPlan:
         return dataclasses.replace(self, noise_multiplier=0.0, max_grad_norm=math.inf)
 
 
-# Tuned on MNIST (docs/baselines.md): Papernot et al.'s tanh CNN, large lots, small C,
-# high LR with momentum (Tramèr & Boneh 2021). σ is calibrated per run (calibrate_plan).
+# Tuned on MNIST (docs/baselines.md): Tramèr & Boneh 2021's ScatterNet+linear, large
+# lots, small C, high LR with momentum. σ is calibrated per run (calibrate_plan).
 _DEFAULT_PLANS: dict[str, TrainingPlan] = {
-    "mnist": TrainingPlan(model="cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0),
-    "cifar10": TrainingPlan(model="cifar_cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0),
+    "mnist": TrainingPlan(model="scatter_linear", lot_size=4096, max_grad_norm=0.1, noise_multiplier=1.0,
+                          lr=4.0, max_physical_batch_size=4096),
+    "cifar10": TrainingPlan(model="cifar_cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0,
+                            lr_schedule=LRSchedule.COSINE),
 }
 
 
@@ -141,8 +154,8 @@ def default_epochs(dataset: str, target_epsilon: float | None) -> int:
     """Default number of epochs (= rounds of one local epoch): fewer for smaller ε, where
     the noise that more steps require outweighs the extra optimisation."""
     if target_epsilon is None or target_epsilon >= 2:
-        return 25
-    return 15 if target_epsilon >= 1 else 7
+        return 40
+    return 20 if target_epsilon >= 1 else 10
 
 
 def calibrate_plan(

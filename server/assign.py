@@ -22,7 +22,7 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
     return default_plan(
         settings.dataset, model=settings.model, lot_size=settings.lot_size, lr=settings.lr,
         max_grad_norm=settings.max_grad_norm, noise_multiplier=settings.noise_multiplier,
-        local_epochs=settings.local_epochs, lr_decay_rounds=settings.rounds,
+        lr_schedule=settings.lr_schedule, local_epochs=settings.local_epochs, lr_decay_rounds=settings.rounds,
     )
 
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from clients import protocol
 from clients.config import RunSettings
 from fedpriv.data import load_dataset
-from fedpriv.models import build_model
+from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import Budget, PrivacyLedger
 from fedpriv.training import evaluate, model_sha256
 from server.assign import assign, base_plan
@@ -48,7 +48,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model_name = base_plan(settings).model
     model = build_model(model_name, settings.seed)
     with tqdm(total=settings.rounds, desc="rounds", unit="round", disable=None) as bar:
-        evaluate_fn = _central_evaluation(settings, history, model, bar)
+        evaluate_fn = _central_evaluation(settings, history, model_name, model, bar)
         try:
             strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                            num_rounds=settings.rounds, evaluate_fn=evaluate_fn,
@@ -64,15 +64,17 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
 
 
 def _central_evaluation(
-    settings: RunSettings, history: History, model: torch.nn.Module, bar: tqdm
+    settings: RunSettings, history: History, model_name: str, model: torch.nn.Module, bar: tqdm
 ) -> Callable[[int, ArrayRecord], MetricRecord]:
-    """``evaluate_fn`` on the test set; it loads each global model into ``model``."""
+    """``evaluate_fn`` on the test set (as ``model_name``'s inputs); it loads each global
+    model into ``model``."""
     test = load_dataset(settings.dataset, settings.data_dir, train=False,
                         download=settings.download, limit=settings.limit_test)
+    inputs = model_inputs(model_name, test.features)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(model, test.features, test.labels)
+        loss, accuracy = evaluate(model, inputs, test.labels)
         history.record_evaluation(server_round, loss, accuracy)
         if server_round:
             bar.update(1)

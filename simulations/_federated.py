@@ -27,7 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
-    "max-grad-norm", "lr", "model", "fraction-train", "epsilon-budget", "client-epsilon-budget", "download",
+    "max-grad-norm", "lr", "lr-schedule", "model", "fraction-train", "epsilon-budget", "client-epsilon-budget", "download",
 )
 
 
@@ -48,6 +48,7 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     p.add_argument("--lot-size", type=int, help="expected Poisson lot size")
     p.add_argument("--max-grad-norm", type=float)
     p.add_argument("--lr", type=float)
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
     p.add_argument("--model", help="default: the data set's plan")
     p.add_argument("--fraction-train", type=float, help="fraction of clients sampled per round")
     p.add_argument("--partition", choices=["iid", "dirichlet", "shard"])

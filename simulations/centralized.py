@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedpriv.data import DatasetNotFoundError, load_dataset
-from fedpriv.models import MODELS, build_model
+from fedpriv.models import MODELS, build_model, model_inputs
 from fedpriv.privacy import ComposedEvent, epsilon_of
 from fedpriv.training import (
     TrainingPlan,
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, help="default: the data set's plan")
     p.add_argument("--lot-size", type=_positive(int), help="expected Poisson lot size")
     p.add_argument("--lr", type=_positive(float))
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
     p.add_argument("--max-grad-norm", type=_positive(float))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", help="root folder of the data sets (default ~/.cache/fedpriv)")
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     """The data set's default plan with the flags' overrides (σ not yet calibrated)."""
     plan = default_plan(args.dataset, model=args.model, lot_size=args.lot_size, lr=args.lr,
-                        max_grad_norm=args.max_grad_norm, noise_multiplier=args.noise_multiplier)
+                        lr_schedule=args.lr_schedule, max_grad_norm=args.max_grad_norm,
+                        noise_multiplier=args.noise_multiplier)
     return plan.non_private() if args.non_private else plan
 
 
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     train = load_dataset(args.dataset, args.data_dir, train=True, download=args.download,
                          device=device, limit=args.limit_train)
     test = load_dataset(args.dataset, args.data_dir, train=False, download=args.download, device=device)
+    train_inputs, test_inputs = (model_inputs(plan.model, part.features) for part in (train, test))
     num_examples = len(train.labels)
     if not args.non_private and args.noise_multiplier is None:
         target = 1.0 if args.target_epsilon is None else args.target_epsilon
@@ -100,11 +103,11 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     events = []
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
     for epoch in bar:
-        report = train_round(model, train.features, train.labels, plan, args.seed, 0, epoch, device)
+        report = train_round(model, train_inputs, train.labels, plan, args.seed, 0, epoch, device)
         events.extend(report.events)
         bar.set_postfix(loss=f"{report.mean_loss:.3f}")
     seconds = time.perf_counter() - start
-    _, accuracy = evaluate(model, test.features, test.labels)
+    _, accuracy = evaluate(model, test_inputs, test.labels)
     epsilon = epsilon_of(ComposedEvent(tuple(events)), args.delta) if plan.private else None
     return {
         "dataset": args.dataset,

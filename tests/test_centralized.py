@@ -84,12 +84,13 @@ def test_plan_validation_and_non_private() -> None:
         dataclasses.replace(SMALL, lr_decay_rounds=-1)
     plain = SMALL.non_private()
     assert not plain.private and plain.max_grad_norm == math.inf
-    assert default_plan("mnist").model == "cnn"
+    assert default_plan("mnist").model == "scatter_linear"
 
 
 def test_lr_schedule_is_a_function_of_the_round() -> None:
     assert SMALL.lr_at(1) == SMALL.lr_at(50) == SMALL.lr
-    cosine = dataclasses.replace(SMALL, lr_decay_rounds=4)
+    assert dataclasses.replace(SMALL, lr_decay_rounds=4).lr_at(3) == SMALL.lr  # constant schedule
+    cosine = dataclasses.replace(SMALL, lr_schedule="cosine", lr_decay_rounds=4)
     lrs = [cosine.lr_at(r) for r in (1, 2, 3, 4, 5)]
     assert lrs[0] == SMALL.lr and lrs[2] == pytest.approx(SMALL.lr / 2)
     assert all(a > b for a, b in zip(lrs, lrs[1:4])) and lrs[4] == 0.0

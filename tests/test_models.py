@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedpriv.models import MODELS, build_model
+from fedpriv.models import MODELS, build_model, model_inputs
 
-INPUTS = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
+IMAGES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32), "scatter_linear": (1, 28, 28)}
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -16,7 +16,8 @@ def _flat(model: nn.Module) -> torch.Tensor:
 @pytest.mark.parametrize("name", MODELS)
 def test_output_shape_and_no_batchnorm(name: str) -> None:
     model = build_model(name, seed=0)
-    assert model(torch.zeros(4, *INPUTS[name])).shape == (4, 10)
+    inputs = model_inputs(name, torch.rand(4, *IMAGES[name]))
+    assert model(inputs).shape == (4, 10)
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
@@ -24,6 +25,7 @@ def test_parameter_counts() -> None:
     count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
     assert count(build_model("mlp", 0)) == 795_010  # 784·1000 + 1000 + 1000·10 + 10
     assert count(build_model("cnn", 0)) == 26_010
+    assert count(build_model("scatter_linear", 0)) == 81 * 7 * 7 * 10 + 10
     assert count(build_model("mlp", 0, in_features=60)) == 60 * 1000 + 1000 + 10_010
 
 
@@ -44,3 +46,11 @@ def test_does_not_touch_global_rng() -> None:
 def test_unknown_model() -> None:
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet", 0)
+    with pytest.raises(ValueError, match="unknown model"):
+        model_inputs("resnet", torch.zeros(1, 1, 28, 28))
+
+
+def test_only_scatter_linear_transforms_its_inputs() -> None:
+    images = torch.rand(2, 1, 28, 28)
+    assert model_inputs("cnn", images) is images
+    assert model_inputs("scatter_linear", images).shape == (2, 81, 7, 7)
