@@ -8,7 +8,7 @@ filter; it depends on no data, so computing it costs no privacy.
 
 ``scattering_features`` uses J = 2 scales and 8 angles (81 coefficients per input
 channel, on a grid 4× coarser), computed by Kymatio's PyTorch backend on the images'
-device.
+device. (Kymatio has a per-call overhead, hence large batches.)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _scattering(height: int, width: int, device: torch.device) -> torch.nn.Modul
 
 
 @torch.no_grad()
-def scattering_features(images: torch.Tensor, batch_size: int = 1024, progress: bool = False) -> torch.Tensor:
+def scattering_features(images: torch.Tensor, batch_size: int = 2048, progress: bool = False) -> torch.Tensor:
     """(N, C, H, W) images → (N, 81·C, H/4, W/4) scattering coefficients, on their device.
 
     Each image's coefficients depend on that image only (not on the batch), so the

@@ -22,8 +22,12 @@ curve, so R rounds of s steps give exactly the RDP of one R·s-step event.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
+
 
 import numpy as np
 from dp_accounting.rdp import RdpAccountant as _DpaRdpAccountant
@@ -49,6 +53,20 @@ ORDERS: tuple[float, ...] = tuple(
 )
 
 
+@contextmanager
+def _quiet_absl() -> Iterator[None]:
+    """Silence dp-accounting's "failed to converge ... Excluding this order" warnings:
+    an excluded order is +inf on the grid, which can only make ε larger (sound), and
+    calibration's bisection would otherwise print dozens of them."""
+    logger = logging.getLogger("absl")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
 @lru_cache(maxsize=4096)
 def step_rdp(step: Step, orders: tuple[float, ...] = ORDERS) -> np.ndarray:
     """RDP curve (ε_α at each order) of one step, by dp-accounting; read-only, cached."""
@@ -57,7 +75,8 @@ def step_rdp(step: Step, orders: tuple[float, ...] = ORDERS) -> np.ndarray:
     translated = to_dp_accounting(event)
     if not backend.supports(translated):
         raise UnsupportedEventError(f"rdp accountant does not support {event!r}")
-    backend.compose(translated)
+    with _quiet_absl():
+        backend.compose(translated)
     curve = np.array(backend.rdp, dtype=float)
     curve.setflags(write=False)
     return curve
