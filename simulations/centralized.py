@@ -88,7 +88,9 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     train = load_dataset(args.dataset, args.data_dir, train=True, download=args.download,
                          device=device, limit=args.limit_train)
     test = load_dataset(args.dataset, args.data_dir, train=False, download=args.download, device=device)
+    start = time.perf_counter()
     train_inputs, test_inputs = (model_inputs(plan.model, part.features) for part in (train, test))
+    feature_seconds = time.perf_counter() - start
     num_examples = len(train.labels)
     if not args.non_private and args.noise_multiplier is None:
         target = 1.0 if args.target_epsilon is None else args.target_epsilon
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         "num_examples": num_examples,
         "seed": args.seed,
         "seconds": round(seconds, 2),
+        "feature_seconds": round(feature_seconds, 2),
         "model_sha256": model_sha256(model),
     }
 
