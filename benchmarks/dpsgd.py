@@ -130,7 +130,7 @@ def _sync(device: torch.device) -> None:
 
 def benchmark(quick: bool, clock: Callable[[], float]) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    warmup, timed, repeats, budget_s = (2, 10, 2, 1.0) if quick else (3, 20, 3, 4.0)
+    warmup, timed, repeats, budget_s = (2, 10, 2, 1.0) if quick else (3, 20, 5, 4.0)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (BATCH,), generator=gen).to(device)
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"{args.threads} torch thread(s), {args.clock} clock, batch {BATCH}")
-    result = benchmark(args.quick, CLOCKS[args.clock])
+    result = {"threads": args.threads, "clock": args.clock, **benchmark(args.quick, CLOCKS[args.clock])}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
 
