@@ -33,7 +33,10 @@ def superlink(tmp_path):
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT)}
+    # BIN first on PATH: the SuperLink starts flower-superexec by name, even from an
+    # interpreter whose venv is not activated.
+    env = {**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = (tmp_path / "superlink.log").open("w")
     process = subprocess.Popen(
         [BIN / "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
