@@ -96,9 +96,8 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     round_ = int(config[protocol.SERVER_ROUND])
-    data = local_data(settings, context.node_config, model=plan.model)
     ledger = own_ledger(context, settings)
-    events = plan.round_events(len(data.labels))
+    events = plan.round_events(len(local_data(settings, context.node_config).labels))
     if round_ in ledger.rounds(cid) or not ledger.can_afford(cid, events):
         reason = (f"client {cid} refuses round {round_}: already trained it or it would exceed "
                   f"its own budget (spent ε = {ledger.spent(cid):.4f} of {ledger.budget.epsilon})")
@@ -106,6 +105,7 @@ def train(msg: Message, context: Context) -> Message:
     model = build_model(plan.model, settings.seed)
     model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     seed, secure_noise = local_seed(settings, context.node_config)
+    data = local_data(settings, context.node_config, model=plan.model)  # the model's inputs
     report = train_round(model, data.features, data.labels, plan, seed=seed, client=int(cid),
                          round_=round_, device=default_device(), secure_noise=secure_noise)
     ledger.record(cid, round_, report.events)
