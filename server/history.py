@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedpriv.files import write_json_atomic
+
+
+def epsilon_summary(epsilons: Iterable[float]) -> str:
+    """One line for many clients' ε: how many, and their min / median / max."""
+    eps = sorted(float(e) for e in epsilons)
+    if not eps:
+        return "no client has spent privacy"
+    return (f"{len(eps)} clients, min {eps[0]:.4f}, median {statistics.median(eps):.4f}, "
+            f"max {eps[-1]:.4f}")
 
 
 @dataclass

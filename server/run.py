@@ -23,7 +23,7 @@ from fedpriv.privacy import Budget, PrivacyLedger
 from fedpriv.training import evaluate, model_sha256
 from server.assign import assign, base_plan
 from server.discovery import discover
-from server.history import History
+from server.history import History, epsilon_summary
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 
@@ -57,7 +57,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
             history.stopped = str(stop)
     history.model_sha256 = model_sha256(model)  # evaluate_fn left the latest global model in it
     history.wall_time_s = time.perf_counter() - start
-    log(INFO, "Final ε per client: %s", history.final_epsilon())
+    log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:
         history.save(out / "results.json")
     return history

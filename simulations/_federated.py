@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fedpriv.files import write_json_atomic
+from server.history import epsilon_summary
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,11 +158,10 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
 def _summary(results: dict[str, Any]) -> str:
     rounds = results["rounds"]
     last = rounds[-1] if rounds else {}
-    eps = [float(e) for e in results["final_epsilon"].values()]
     lines = [
         f"rounds run: {len(rounds)}" + (f" (stopped: {results['stopped']})" if results["stopped"] else ""),
         f"test accuracy: {last.get('test_accuracy')}",
-        f"ε per client: max {max(eps, default=0):.4f}, min {min(eps, default=0):.4f}",
+        f"ε per client: {epsilon_summary(results['final_epsilon'].values())}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
     ]

@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 
 from clients import protocol
 from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event, epsilon_of
-from server.history import History
+from server.history import History, epsilon_summary
 from server.strategy import Assignment, BudgetedFedAvg, BudgetExhausted
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -98,3 +98,11 @@ def test_weighted_by_num_examples(tmp_path):
     replies = [_reply(messages[0], 1.0, num_examples=30), _reply(messages[1], 4.0, num_examples=10)]
     arrays, _ = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(next(iter(arrays.values())).numpy(), np.full(3, 1.75))
+
+
+def test_epsilon_summary_reports_count_and_spread():
+    # Act
+    line = epsilon_summary([3.0, 0.5, float("inf"), 1.0])
+    # Assert
+    assert line == "4 clients, min 0.5000, median 2.0000, max inf"
+    assert epsilon_summary([]) == "no client has spent privacy"
