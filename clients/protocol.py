@@ -59,10 +59,12 @@ def read_events(record: ConfigRecord) -> tuple[DpEvent, ...]:
 
 
 def plan_config(plan: TrainingPlan) -> dict[str, Any]:
-    """A plan as kebab-case ConfigRecord values (enums as their strings)."""
+    """A plan as kebab-case ConfigRecord values (enums as their strings; unset optional
+    fields left out, ``read_plan`` restores their default)."""
     return {
-        f.name.replace("_", "-"): str(v) if isinstance(v := getattr(plan, f.name), str) else v
+        f.name.replace("_", "-"): str(v) if isinstance(v, str) else v
         for f in dataclasses.fields(plan)
+        if (v := getattr(plan, f.name)) is not None
     }
 
 

@@ -2,10 +2,11 @@
 
 ``train_round(model, features, labels, plan, seed, client, round_, device)`` builds a
 fresh optimizer, takes ``round_generators(seed, client, round_)`` and runs
-``local_epochs × steps_per_epoch(q)`` DP-SGD steps with q = lot_size / N. Centralized
-training is ``train_round(..., client=0, round_=epoch)`` for epoch = 1..E, so a
-single-client federated run with one local epoch per round and R = E rounds reproduces
-its final parameters bit for bit (``model_sha256``) and its privacy events exactly.
+``local_epochs × steps_per_epoch(q)`` DP-SGD steps at the plan's q (lot_size / N by
+default). Centralized training is ``train_round(..., client=0, round_=epoch)`` for
+epoch = 1..E, so a single-client federated run with one local epoch per round and R = E
+rounds reproduces its final parameters bit for bit (``model_sha256``) and its privacy
+events exactly.
 
 Invariant: nothing here depends on state carried across rounds (no optimizer state, no
 LR schedule outside ``plan``); everything a round needs is (plan, seed, client, round_).
@@ -50,7 +51,9 @@ class TrainingPlan:
     """How one party trains locally in one round; the same plan for every round.
 
     ``lot_size`` is the *expected* Poisson lot size: q = lot_size / N for a local data set
-    of N examples. ``noise_multiplier = 0`` with ``max_grad_norm = inf`` is the
+    of N examples, unless ``shared_sample_rate`` fixes q for every N (a server sharing one
+    lot out among its clients: each then samples at the same rate, so all spend the same
+    event and one calibration serves them all). ``noise_multiplier = 0`` with ``max_grad_norm = inf`` is the
     non-private schedule (same lots, no clipping, no noise). With ``lr_schedule =
     cosine``, the LR decays by a half cosine over rounds 1..``lr_decay_rounds`` (which the
     runner sets to its number of rounds or epochs; 0 means no horizon yet: constant). The
@@ -70,6 +73,7 @@ class TrainingPlan:
     clipping: Clipping | str = Clipping.FLAT
     lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
     lr_decay_rounds: int = 0
+    shared_sample_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -82,6 +86,8 @@ class TrainingPlan:
             raise ValueError(f"lr must be finite and > 0, got {self.lr!r}")
         if not isinstance(self.lr_decay_rounds, int) or self.lr_decay_rounds < 0:
             raise ValueError(f"lr_decay_rounds must be an integer >= 0, got {self.lr_decay_rounds!r}")
+        if self.shared_sample_rate is not None and not 0 < self.shared_sample_rate <= 1:
+            raise ValueError(f"shared_sample_rate must be in (0, 1], got {self.shared_sample_rate!r}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         object.__setattr__(self, "optimizer", OptimizerKind(self.optimizer))
@@ -101,9 +107,12 @@ class TrainingPlan:
         return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
     def sample_rate(self, num_examples: int) -> float:
-        """q = lot_size / N, capped at 1 (a lot may not exceed the data set)."""
+        """q: ``shared_sample_rate`` when set, else lot_size / N capped at 1 (a lot may not
+        exceed the data set)."""
         if num_examples < 1:
             raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+        if self.shared_sample_rate is not None:
+            return self.shared_sample_rate
         return min(1.0, self.lot_size / num_examples)
 
     def steps_per_round(self, num_examples: int) -> int:
@@ -163,7 +172,7 @@ def calibrate_plan(
 ) -> TrainingPlan:
     """``plan`` with the smallest σ (RDP) whose ε after ``rounds`` rounds is ≤ target.
 
-    Total steps = rounds × ``plan.steps_per_round(num_examples)`` at q = lot_size / N.
+    Total steps = rounds × ``plan.steps_per_round(num_examples)`` at ``plan.sample_rate(N)``.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")

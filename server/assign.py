@@ -1,10 +1,12 @@
 """Each client's plan: the data set's default, the run's overrides, and its own σ.
 
-By default each client's lot is its share of the plan's lot (``shared_lot``), so all
-sample at one rate q; with a ``lot-size`` in the run every client uses that lot and
-q = lot / N differs between clients. In target-ε mode σ is calibrated per client from
-its own N and q, so that ``rounds`` rounds of its event end at ≤ ``target-epsilon``: R
-rounds of ``dpsgd_event(σ, q, s)`` compose exactly like one ``dpsgd_event(σ, q, R·s)``.
+By default the plan's lot is shared out among the clients: every client samples at the
+centralized rate q = lot_size / ΣN (``shared_sample_rate``), so its expected lot is its
+share q·N of the plan's lot and all clients spend one event. With a ``lot-size`` in the
+run every client uses that lot and q = lot / N differs between clients. In target-ε mode
+σ is calibrated once per distinct q, so that ``rounds`` rounds of the event end at ≤
+``target-epsilon``: R rounds of ``dpsgd_event(σ, q, s)`` compose exactly like one
+``dpsgd_event(σ, q, R·s)``.
 """
 
 from __future__ import annotations
@@ -29,34 +31,28 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
     )
 
 
-def shared_lot(lot_size: int, num_examples: int, total_examples: int) -> int:
-    """A client's share of ``lot_size``, in proportion to its data: every client samples at
-    the centralized rate q = lot_size / total, and the lots add up to about ``lot_size``."""
-    return max(1, round(lot_size * num_examples / total_examples))
-
-
 def assign(settings: RunSettings, clients: Mapping[int, ClientInfo]) -> dict[int, Assignment]:
     """Node id → the client's assignment (plan as config, and the events per round).
 
-    Without a ``lot-size`` in the run, the default plan's lot is shared out in proportion
-    to the clients' N (``shared_lot``); one client keeps it whole, as centralized training.
+    Without a ``lot-size`` in the run, every client samples at q = lot / ΣN; one client
+    then has q = lot / N, as centralized training.
     """
-    base = base_plan(settings)
-    total = sum(info.num_examples for info in clients.values())
-    plans: dict[int, TrainingPlan] = {}  # by N: equal-sized clients share one plan and calibration
+    plan = base_plan(settings)
+    if settings.lot_size is None and clients:
+        total = sum(info.num_examples for info in clients.values())
+        plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
+    plans: dict[float, TrainingPlan] = {}  # by q, which fixes the steps and so the calibration
     nodes = {}
     for node, info in clients.items():
         n = info.num_examples
-        if n not in plans:
-            plan = base
-            if settings.lot_size is None:
-                plan = dataclasses.replace(plan, lot_size=shared_lot(base.lot_size, n, total))
+        q = plan.sample_rate(n)
+        if q not in plans:
+            plans[q] = plan
             if settings.target_epsilon is not None:
-                plan = calibrate_plan(plan, settings.target_epsilon, settings.delta, n, rounds=settings.rounds)
-            plans[n] = plan
+                plans[q] = calibrate_plan(plan, settings.target_epsilon, settings.delta, n, rounds=settings.rounds)
         nodes[node] = Assignment(
             client_id=info.client_id, num_examples=n,
-            config=protocol.plan_config(plans[n]),
-            events=plans[n].round_events(n),
+            config=protocol.plan_config(plans[q]),
+            events=plans[q].round_events(n),
         )
     return nodes

@@ -76,6 +76,8 @@ def test_calibrate_plan_meets_target() -> None:
 def test_plan_validation_and_non_private() -> None:
     with pytest.raises(ValueError, match="lot_size"):
         dataclasses.replace(SMALL, lot_size=0)
+    with pytest.raises(ValueError, match="shared_sample_rate"):
+        dataclasses.replace(SMALL, shared_sample_rate=1.5)
     with pytest.raises(ValueError, match="model"):
         dataclasses.replace(SMALL, model="vgg")
     with pytest.raises(ValueError, match="max_grad_norm"):
