@@ -31,28 +31,36 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
     )
 
 
-def assign(settings: RunSettings, clients: Mapping[int, ClientInfo]) -> dict[int, Assignment]:
-    """Node id → the client's assignment (plan as config, and the events per round).
-
-    Without a ``lot-size`` in the run, every client samples at q = lot / ΣN; one client
-    then has q = lot / N, as centralized training.
+class Assigner:
+    """Node id → assignment (plan as config, and the events per round) for the clients of
+    one run. The shared q is fixed by the clients of the first discovery; clients that join
+    later sample at that same q. One calibration per distinct q, cached for the run.
     """
-    plan = base_plan(settings)
-    if settings.lot_size is None and clients:
-        total = sum(info.num_examples for info in clients.values())
-        plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
-    plans: dict[float, TrainingPlan] = {}  # by q, which fixes the steps and so the calibration
-    nodes = {}
-    for node, info in clients.items():
-        n = info.num_examples
-        q = plan.sample_rate(n)
-        if q not in plans:
-            plans[q] = plan
-            if settings.target_epsilon is not None:
-                plans[q] = calibrate_plan(plan, settings.target_epsilon, settings.delta, n, rounds=settings.rounds)
-        nodes[node] = Assignment(
-            client_id=info.client_id, num_examples=n,
-            config=protocol.plan_config(plans[q]),
-            events=plans[q].round_events(n),
-        )
-    return nodes
+
+    def __init__(self, settings: RunSettings, clients: Mapping[int, ClientInfo]) -> None:
+        plan = base_plan(settings)
+        if settings.lot_size is None and clients:
+            total = sum(info.num_examples for info in clients.values())
+            plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
+        self.settings = settings
+        self.plan = plan
+        self._plans: dict[float, TrainingPlan] = {}  # by q, which fixes the steps and so σ
+
+    def __call__(self, clients: Mapping[int, ClientInfo]) -> dict[int, Assignment]:
+        nodes = {}
+        for node, info in clients.items():
+            plan = self._plan(info.num_examples)
+            nodes[node] = Assignment(
+                client_id=info.client_id, num_examples=info.num_examples,
+                config=protocol.plan_config(plan), events=plan.round_events(info.num_examples),
+            )
+        return nodes
+
+    def _plan(self, num_examples: int) -> TrainingPlan:
+        q = self.plan.sample_rate(num_examples)
+        if q not in self._plans:
+            target = self.settings.target_epsilon
+            self._plans[q] = self.plan if target is None else calibrate_plan(
+                self.plan, target, self.settings.delta, num_examples, rounds=self.settings.rounds
+            )
+        return self._plans[q]

@@ -3,9 +3,10 @@
 The server needs each client's N to know (and, in target-ε mode, calibrate) the event
 a round costs it, and a stable client id to key the ledger by (Flower node ids change
 from run to run; partition ids do not). Nodes that do not answer are left out of the
-run; nodes that connect later are never sampled, so the server first waits for
-``min-clients`` nodes (the simulation commands set it to ``--clients``: Flower's engine
-registers its nodes while the ServerApp is already running).
+run. The server first waits for ``min-clients`` nodes (the simulation commands set it to
+``--clients``: Flower's engine registers its nodes while the ServerApp is already
+running); nodes that connect later are described before the next round
+(``describe_nodes``) and join it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,20 @@ class ClientInfo:
 
 
 def discover(grid: Grid, min_nodes: int = 1, timeout: float = 600.0) -> dict[int, ClientInfo]:
-    """Node id → ClientInfo for every node that answered the QUERY message."""
+    """Wait for ``min_nodes`` connected nodes, then ``describe_nodes`` all of them; two
+    nodes with one client id is a misconfigured federation (an error)."""
     while len(node_ids := sorted(grid.get_node_ids())) < min_nodes:
         log(INFO, "Waiting for nodes: %d connected, %d needed", len(node_ids), min_nodes)
         time.sleep(1)
+    found = describe_nodes(grid, node_ids, timeout)
+    ids = [c.client_id for c in found.values()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"two nodes claim the same client id: {sorted(ids)}")
+    return found
+
+
+def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> dict[int, ClientInfo]:
+    """Node id → ClientInfo for every node in ``node_ids`` that answered the QUERY message."""
     messages = [
         Message(RecordDict({protocol.CONFIG: ConfigRecord()}), dst_node_id=node,
                 message_type=MessageType.QUERY)
@@ -47,8 +58,5 @@ def discover(grid: Grid, min_nodes: int = 1, timeout: float = 600.0) -> dict[int
             continue
         info = reply.content.config_records[protocol.INFO]
         found[node] = ClientInfo(str(info[protocol.CLIENT_ID]), int(info[protocol.NUM_EXAMPLES]))
-    ids = [c.client_id for c in found.values()]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"two nodes claim the same client id: {sorted(ids)}")
     log(INFO, "Discovered %d of %d nodes", len(found), len(node_ids))
     return found

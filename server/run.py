@@ -21,10 +21,14 @@ from fedpriv.data import load_dataset
 from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import Budget, PrivacyLedger
 from fedpriv.training import evaluate, model_sha256
-from server.assign import assign, base_plan
-from server.discovery import discover
+from server.assign import Assigner, base_plan
+from server.discovery import describe_nodes, discover
 from server.history import History, epsilon_summary
 from server.strategy import BudgetedFedAvg, BudgetExhausted
+
+
+LATE_NODE_TIMEOUT_S = 120.0
+"""How long a round waits for nodes that connected since the last one to describe themselves."""
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
@@ -35,15 +39,13 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     history = History(settings={k: _plain(v) for k, v in asdict(settings).items()})
-    nodes = assign(settings, discover(grid, min_nodes=settings.min_clients))
-    history.clients = {
-        a.client_id: {"num_examples": a.num_examples, **a.config} for a in nodes.values()
-    }
+    discovered = discover(grid, min_nodes=settings.min_clients)
+    assigner = Assigner(settings, discovered)
     ledger = PrivacyLedger(Budget(epsilon=settings.server_budget, delta=settings.delta), accountant="rdp")
     strategy = BudgetedFedAvg(
-        ledger, nodes, history, ledger_path=out / "ledger.json" if out else None,
+        ledger, assigner(discovered), history, ledger_path=out / "ledger.json" if out else None,
         fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
-        seed=settings.seed,
+        seed=settings.seed, admit=lambda g, ids: assigner(describe_nodes(g, ids, LATE_NODE_TIMEOUT_S)),
     )
     model_name = base_plan(settings).model
     model = build_model(model_name, settings.seed)

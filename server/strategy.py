@@ -8,13 +8,16 @@ Invariants:
 - An update is aggregated only if the client's reported events equal the assigned ones
   and its arrays match the global model (names, shapes, dtypes); otherwise it is rejected and logged.
 - Refusals and failures (error replies) are logged and skipped; they book nothing.
+- Nodes that connect after the start are described and admitted before the next round
+  (``admit``). The ledger is keyed by client id, so a client that reconnects under a new
+  node id keeps its history; a node claiming the id of a client still online is ignored.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
@@ -42,6 +45,10 @@ class Assignment:
     events: tuple[DpEvent, ...]
 
 
+Admit = Callable[[Grid, list[int]], Mapping[int, Assignment]]
+"""``admit(grid, node_ids)``: the assignments of those new nodes that described themselves."""
+
+
 class BudgetExhausted(Exception):
     """No known client can afford another round: the run stops here."""
 
@@ -58,14 +65,19 @@ class BudgetedFedAvg(FedAvg):
         fraction_train: float = 1.0,
         fraction_evaluate: float = 0.0,
         seed: int = 0,
+        admit: Admit | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
             min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
         )
         self.ledger = ledger
-        self.nodes = dict(nodes)
+        self.nodes: dict[int, Assignment] = {}
         self.history = history
+        for node, assignment in nodes.items():
+            self._add(node, assignment)
+        self.admit = admit
+        self._asked: set[int] = set(self.nodes)  # nodes described once are not asked again
         self.ledger_path = ledger_path
         self.seed = seed
         self._sent: dict[int, Assignment] = {}
@@ -96,12 +108,13 @@ class BudgetedFedAvg(FedAvg):
     ) -> Iterable[Message]:
         """One message per sampled affordable client, with its own noise multiplier."""
         self._round_start = time.perf_counter()
+        online = set(grid.get_node_ids())
+        self._admit_new(grid, online)
         eligible = self.affordable()
         if not eligible:
             reason = f"round {server_round}: no client can afford another round"
             log(WARNING, "Stopping: %s", reason)
             raise BudgetExhausted(reason)
-        online = set(grid.get_node_ids())
         eligible = [n for n in eligible if n in online]
         size = min(len(eligible), max(1, int(len(self.nodes) * self.fraction_train)))
         rng = random.Random(derive_seed(self.seed, "server-sampling", server_round))
@@ -117,6 +130,32 @@ class BudgetedFedAvg(FedAvg):
             content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: node_config})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages
+
+    def _add(self, node: int, assignment: Assignment) -> None:
+        self.nodes[node] = assignment
+        self.history.clients[assignment.client_id] = {"num_examples": assignment.num_examples,
+                                                      **assignment.config}
+
+    def _admit_new(self, grid: Grid, online: set[int]) -> None:
+        """Describe and add the nodes that connected since the last round."""
+        new = sorted(online - self._asked)
+        if not new or self.admit is None:
+            return
+        self._asked.update(new)
+        holder = {a.client_id: node for node, a in self.nodes.items()}
+        for node, assignment in self.admit(grid, new).items():
+            old = holder.get(assignment.client_id)
+            if old in online:
+                log(WARNING, "Node %d claims client %s, held by online node %d: ignored",
+                    node, assignment.client_id, old)
+                continue
+            if old is not None:
+                del self.nodes[old]
+                log(INFO, "Client %s reconnected as node %d (was %d)", assignment.client_id, node, old)
+            else:
+                log(INFO, "Client %s joined as node %d", assignment.client_id, node)
+            self._add(node, assignment)
+            holder[assignment.client_id] = node
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -106,3 +106,29 @@ def test_epsilon_summary_reports_count_and_spread():
     # Assert
     assert line == "4 clients, min 0.5000, median 2.0000, max inf"
     assert epsilon_summary([]) == "no client has spent privacy"
+
+
+def test_nodes_that_connect_later_join_and_a_reconnecting_client_keeps_its_ledger(tmp_path):
+    # Prepare: clients 0-2 on nodes 100-102. Before round 2, node 100 is gone and four
+    # new nodes are online: 103 (a new client "3"), 104 (client "0" again, reconnected),
+    # 105 (claims "1", whose node 101 is still online) and 106 (does not describe itself).
+    admitted = []
+
+    def admit(grid, node_ids):
+        admitted.append(node_ids)
+        claims = {103: "3", 104: "0", 105: "1"}
+        return {n: Assignment(claims[n], 50, {"noise-multiplier": 1.0}, EVENTS) for n in node_ids if n in claims}
+
+    ledger = PrivacyLedger(Budget(epsilon=BUDGET, delta=1e-5), accountant="rdp")
+    nodes = {100 + int(c): Assignment(c, 50, {"noise-multiplier": 1.0}, EVENTS) for c in ("0", "1", "2")}
+    strategy = BudgetedFedAvg(ledger, nodes, History(settings={}), admit=admit)
+    ledger.record("0", 1, EVENTS)  # client 0 cannot afford a second round
+    # Execute
+    messages = strategy.configure_train(2, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
+    strategy.configure_train(3, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
+    # Assert: 103 joined; 104 replaced 100 as client "0" and, being over budget, is not
+    # sampled; 105 was ignored; each new node was asked once
+    assert sorted(m.metadata.dst_node_id for m in messages) == [101, 102, 103]
+    assert {n: a.client_id for n, a in strategy.nodes.items()} == {101: "1", 102: "2", 103: "3", 104: "0"}
+    assert sorted(strategy.history.clients) == ["0", "1", "2", "3"]
+    assert admitted == [[103, 104, 105, 106]]
