@@ -1,5 +1,6 @@
 """``flwr run .`` against a SuperLink this test starts (loopback only) and always stops."""
 
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def superlink(tmp_path):
-    """A simulation SuperLink on a free loopback port, FLWR_HOME pointing at it."""
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def _superlink(tmp_path: Path, simulation: bool):
+    """A SuperLink on a free loopback port; yields (env with FLWR_HOME pointing at it, port)."""
     port = _free_port()
     home = tmp_path / "flwr-home"
     home.mkdir()
@@ -39,9 +49,9 @@ def superlink(tmp_path):
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = (tmp_path / "superlink.log").open("w")
     process = subprocess.Popen(
-        [BIN / "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-         "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
-         "--disable-runtime-dependency-installation"],
+        [BIN / "flower-superlink", "--insecure", *(["--simulation"] if simulation else []),
+         "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
+         "--database", str(home / "state.db"), "--disable-runtime-dependency-installation"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
@@ -49,15 +59,17 @@ def superlink(tmp_path):
         while not _healthy(port):
             assert process.poll() is None and time.monotonic() < deadline, "SuperLink did not start"
             time.sleep(0.5)
-        yield env
+        yield env, port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         log.close()
+
+
+@pytest.fixture
+def superlink(tmp_path):
+    """A simulation SuperLink; yields its env."""
+    with _superlink(tmp_path, simulation=True) as (env, _):
+        yield env
 
 
 def _healthy(port: int) -> bool:
@@ -81,3 +93,43 @@ def test_flwr_run_one_round_two_supernodes(superlink, tmp_path, shared_data_dir)
     assert [r["round"] for r in results["rounds"]] == [1]
     assert sorted(results["final_epsilon"]) == ["0", "1"]
     assert results["rounds"][0]["failed"] == {} and results["rounds"][0]["rejected"] == {}
+
+
+def _supernode(env: dict, superlink_port: int, partition: int, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{superlink_port}",
+         "--port", str(_free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )
+
+
+def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_dir):
+    # Prepare: a deployment SuperLink and one SuperNode; the run needs only one client
+    out = tmp_path / "out"
+    run_config = (f"rounds=3 min-clients=1 limit-train=400 limit-test=300 lot-size=50 noise-multiplier=1.0 "
+                  f"data-dir='{shared_data_dir}' out='{out}'")
+    with _superlink(tmp_path, simulation=False) as (env, port):
+        nodes = [_supernode(env, port, 0, tmp_path / "node0.log")]
+        try:
+            run_log = tmp_path / "run.log"
+            with run_log.open("w") as log:
+                run = subprocess.Popen([BIN / "flwr", "run", ".", "test", "--run-config", run_config, "--stream"],
+                                       cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                # Execute: the second SuperNode connects once round 1 has sampled its clients
+                deadline = time.monotonic() + 180
+                while "configure_train: 1 of 1" not in run_log.read_text():
+                    assert run.poll() is None and time.monotonic() < deadline, run_log.read_text()[-3000:]
+                    time.sleep(0.2)
+                nodes.append(_supernode(env, port, 1, tmp_path / "node1.log"))
+                assert run.wait(timeout=240) == 0, run_log.read_text()[-3000:]
+        finally:
+            for node in nodes:
+                _stop(node)
+    # Assert: client 1 joined a later round and trained in every round after it
+    results = json.loads((out / "results.json").read_text())
+    participants = [r["participants"] for r in results["rounds"]]
+    assert participants[0] == ["0"] and participants[-1] == ["0", "1"]
+    joined = next(i for i, p in enumerate(participants) if "1" in p)
+    assert all(p == ["0", "1"] for p in participants[joined:])
+    assert 0 < float(results["final_epsilon"]["1"]) < float(results["final_epsilon"]["0"])
+    assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
