@@ -53,12 +53,12 @@ class TrainingPlan:
     ``lot_size`` is the *expected* Poisson lot size: q = lot_size / N for a local data set
     of N examples, unless ``shared_sample_rate`` fixes q for every N (a server sharing one
     lot out among its clients: each then samples at the same rate, so all spend the same
-    event and one calibration serves them all). ``noise_multiplier = 0`` with ``max_grad_norm = inf`` is the
-    non-private schedule (same lots, no clipping, no noise). With ``lr_schedule =
-    cosine``, the LR decays by a half cosine over rounds 1..``lr_decay_rounds`` (which the
-    runner sets to its number of rounds or epochs; 0 means no horizon yet: constant). The
-    LR is a function of the round only, so a federated client applies the very same
-    schedule as a centralized run.
+    event and one calibration serves them all). ``noise_multiplier = 0`` with
+    ``max_grad_norm = inf`` is the non-private schedule (same lots, no clipping, no noise).
+    With ``lr_schedule = cosine``, the LR decays by a half cosine over rounds
+    1..``lr_decay_rounds`` (which the runner sets to its number of rounds or epochs; 0
+    means no horizon yet: constant). The LR is a function of the round only, so a
+    federated client applies the very same schedule as a centralized run.
     """
 
     model: str
