@@ -21,7 +21,7 @@ from fedpriv.data import load_dataset
 from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import Budget, PrivacyLedger
 from fedpriv.training import evaluate, model_sha256
-from server.assign import Assigner, base_plan
+from server.assign import Assigner
 from server.discovery import describe_nodes, discover
 from server.history import History, epsilon_summary
 from server.strategy import BudgetedFedAvg, BudgetExhausted
@@ -47,7 +47,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
         fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
         seed=settings.seed, admit=lambda g, ids: assigner(describe_nodes(g, ids, LATE_NODE_TIMEOUT_S)),
     )
-    model_name = base_plan(settings).model
+    model_name = assigner.plan.model
     model = build_model(model_name, settings.seed)
     with tqdm(total=settings.rounds, desc="rounds", unit="round", disable=None) as bar:
         evaluate_fn = _central_evaluation(settings, history, model_name, model, bar)

@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
-
 import numpy as np
 from dp_accounting.rdp import RdpAccountant as _DpaRdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
