@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from clients.config import RunSettings
 from clients.task import local_data
+from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model
 from fedpriv.training import default_device, train_round
 from server.assign import base_plan
-from simulations._federated import simulate
+from simulations._federated import PROJECT_ROOT, node_policy_env, simulate, simulated_node_policy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             overrides["data-dir"] = str(Path(args.data_dir).resolve())
         settings = RunSettings.from_run_config(overrides)
         loop = plain_loop(settings, args.clients, per_round)
-        total = simulate(args.clients, overrides)
+        from flwr.common.config import get_fused_config_from_dir
+
+        policy = simulated_node_policy(get_fused_config_from_dir(PROJECT_ROOT, overrides), Path(tmp))
+        with node_policy_env(policy, Path(tmp)):
+            total = simulate(args.clients, overrides)
         results = json.loads((Path(tmp) / "results.json").read_text())
     sim = [r["train_seconds"] for r in results["rounds"]]
     result = {

@@ -1,14 +1,19 @@
-"""fedpriv's Flower ClientApp: local DP-SGD with the client's own privacy ledger.
+"""fedpriv's Flower ClientApp: local DP-SGD under the node's own policy and durable ledger.
 
-Thin by design: each handler delegates to ``clients.task``.
+Thin by design: each handler delegates to ``clients.task``. A message the node will not
+answer (no policy, over budget, already answered, malformed) gets an ``Error`` reply with
+``REFUSAL_CODE`` and the reason, and nothing is computed or released.
 """
 
 import logging
+from collections.abc import Callable
 
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import task
+from clients.releases import Refusal
+from fedpriv.federation import protocol
 
 # dp-accounting logs every RDP order it skips; harmless, and it floods the run log.
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -16,19 +21,28 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 app = ClientApp()
 
 
+def _answer(handler: Callable[..., RecordDict], msg: Message, context: Context) -> Message:
+    """``handler``'s reply, or a refusal saying why (``ValueError`` covers bad input of every
+    kind here: policy, settings, protocol, ledger)."""
+    try:
+        return Message(handler(msg, context), reply_to=msg)
+    except (Refusal, ValueError) as err:
+        return Message(Error(code=protocol.REFUSAL_CODE, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server this client's id and number of training examples."""
-    return Message(task.describe(context), reply_to=msg)
+    """Tell the server this client's id, its released N and what an evaluation costs."""
+    return _answer(lambda _, ctx: task.describe(ctx), msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Train locally with DP-SGD, or refuse a round over the client's own budget."""
-    return task.train(msg, context)
+    """Book the round in the node's ledger, then train locally with DP-SGD; or refuse."""
+    return _answer(task.train, msg, context)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received model on this client's share of the test set."""
-    return task.evaluate_local(msg, context)
+    """A noisy, booked evaluation where the node's policy allows it; else a refusal."""
+    return _answer(task.evaluate, msg, context)

@@ -22,7 +22,7 @@ from flwr_datasets.partitioner import (
     ShardPartitioner,
 )
 
-from clients.config import Partition
+from fedpriv.federation.settings import Partition
 from fedpriv.seeding import derive_seed
 
 SHARDS_PER_CLIENT = 2  # McMahan et al.'s pathological non-IID split

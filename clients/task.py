@@ -1,31 +1,32 @@
-"""A client's work: its partition, its own privacy ledger, local DP-SGD via fedpriv.training.
+"""A node's work: its partition, its own policy and durable ledger, local DP-SGD.
 
-The client trusts no server: before training it checks, in its *own* ledger kept in
-``context.state``, that the round the server asks for (the plan it received, on its own
-N) fits its own budget, and that it has not trained this round before; otherwise it
-refuses with an error reply and does not touch its data.
+The node trusts no server. Its policy (``fedpriv.federation.policy``) comes from its
+operator; the run config and every message are untrusted input. Before anything leaves
+the node, the release is charged to the client in the node's durable ledger (a file in
+its state folder, locked against concurrent runs) under the entry the message names, and
+a refused charge means nothing is computed. What leaves: the DP count of N (or N where the
+policy declares it public), the trained model, and, where the policy allows, a noisy
+evaluation. No loss, no exact N.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients import protocol
-from clients.config import LocalRandomness, RunSettings
 from clients.partition import partition_indices
+from clients.releases import book, noisy_evaluation, released_size, stored_size
 from fedpriv.data import TensorPair, load_dataset
+from fedpriv.federation import protocol
+from fedpriv.federation.policy import NodePolicy, Randomness, load_policy
+from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model, model_inputs
-from fedpriv.privacy import Budget, PrivacyLedger
-from fedpriv.training import default_device, evaluate, train_round
-
-LEDGER_STATE = "fedpriv-ledger"
+from fedpriv.seeding import seeded_training_seed
+from fedpriv.training import default_device, train_round
 
 
 @functools.lru_cache(maxsize=4)
@@ -59,78 +60,77 @@ def client_id(node_config: Mapping[str, Any]) -> str:
 
 
 def describe(context: Context) -> RecordDict:
-    """The QUERY reply: client id and N."""
-    settings = RunSettings.from_run_config(context.run_config)
+    """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
+    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    cid = client_id(context.node_config)
     n = len(local_data(settings, context.node_config).labels)
-    return RecordDict({protocol.INFO: ConfigRecord(
-        {protocol.CLIENT_ID: client_id(context.node_config), protocol.NUM_EXAMPLES: n}
-    )})
+    size = released_size(policy, settings, context.node_config, cid, n)
+    evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
+    return RecordDict({
+        protocol.INFO: ConfigRecord({protocol.CLIENT_ID: cid, protocol.NUM_EXAMPLES: size.value,
+                                     protocol.NUM_EXAMPLES_PUBLIC: size.public}),
+        protocol.PRIVACY: protocol.releases_record(size.entries, evaluate_events),
+    })
 
 
-def own_ledger(context: Context, settings: RunSettings) -> PrivacyLedger:
-    """The ledger in this node's state, or a fresh one with the client's own budget."""
-    if LEDGER_STATE in context.state.config_records:
-        return PrivacyLedger.from_dict(json.loads(str(context.state.config_records[LEDGER_STATE]["json"])))
-    budget = float(context.node_config.get("epsilon-budget", settings.client_budget))
-    return PrivacyLedger(Budget(epsilon=budget, delta=settings.delta), accountant="rdp")
+def _received_model(msg: Message, name: str, seed: int) -> torch.nn.Module:
+    """The model the server sent, loaded strictly into ``name``'s architecture."""
+    model = build_model(name, seed)
+    try:
+        model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
+    except (KeyError, RuntimeError, ValueError, TypeError) as err:
+        raise protocol.ProtocolError(f"received arrays do not fit model {name!r}: {err}") from err
+    return model
 
 
-def local_seed(settings: RunSettings, node_config: Mapping[str, Any]) -> tuple[int, bool]:
-    """(seed for this round's lots and noise, whether noise must come from the CSPRNG).
-
-    A node's own ``local-seed`` wins (reproducible for its operator, unknown to the
-    server); else ``run-seed`` uses the run's seed (simulations); else a fresh secret
-    seed and CSPRNG noise (see ``LocalRandomness``).
-    """
-    if "local-seed" in node_config:
-        return int(node_config["local-seed"]), False
-    if settings.local_randomness is LocalRandomness.RUN_SEED:
-        return settings.seed, False
-    return secrets.randbits(63), True
-
-
-def train(msg: Message, context: Context) -> Message:
-    """Local DP-SGD on the received model, or a refusal when the round does not fit."""
-    settings = RunSettings.from_run_config(context.run_config)
+def train(msg: Message, context: Context) -> RecordDict:
+    """Book the round, then run local DP-SGD on the received model and return it."""
+    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
-    round_ = int(config[protocol.SERVER_ROUND])
-    ledger = own_ledger(context, settings)
-    events = plan.round_events(len(local_data(settings, context.node_config).labels))
-    if round_ in ledger.rounds(cid) or not ledger.can_afford(cid, events):
-        reason = (f"client {cid} refuses round {round_}: already trained it or it would exceed "
-                  f"its own budget (spent ε = {ledger.spent(cid):.4f} of {ledger.budget.epsilon})")
-        return Message(Error(code=protocol.REFUSAL_CODE, reason=reason), reply_to=msg)
-    model = build_model(plan.model, settings.seed)
-    model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
-    seed, secure_noise = local_seed(settings, context.node_config)
+    run_key, server_round = protocol.read_round(config)
+    entry = protocol.train_entry(run_key, server_round)
+    num_examples = stored_size(policy, settings, context.node_config,
+                               len(local_data(settings, context.node_config).labels))
+    events = plan.round_events(num_examples)
+    model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
+    ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
     data = local_data(settings, context.node_config, model=plan.model)  # the model's inputs
-    report = train_round(model, data.features, data.labels, plan, seed=seed, client=int(cid),
-                         round_=round_, device=default_device(), secure_noise=secure_noise)
-    ledger.record(cid, round_, report.events)
-    context.state.config_records[LEDGER_STATE] = ConfigRecord({"json": json.dumps(ledger.to_dict())})
-    content = RecordDict({
+    report = train_round(
+        model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
+        client=int(cid), round_=server_round, device=default_device(),
+        secure=policy.randomness is Randomness.SECURE, num_examples=num_examples,
+    )
+    assert report.events == events, "training spent other events than were booked"
+    return RecordDict({
         protocol.ARRAYS: ArrayRecord(model.cpu().state_dict()),
-        protocol.METRICS: MetricRecord(
-            {protocol.NUM_EXAMPLES: report.num_examples, protocol.TRAIN_LOSS: report.mean_loss}
-        ),
-        protocol.PRIVACY: protocol.events_record(cid, report.events),
+        protocol.PRIVACY: protocol.events_record(entry, events),
     })
-    return Message(content, reply_to=msg)
 
 
-def evaluate_local(msg: Message, context: Context) -> Message:
-    """Loss/accuracy of the received model on this node's share of the *test* set.
+def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
+    """Seed of one training's lots and noise; unused (0) where they come from the CSPRNG."""
+    if policy.randomness is Randomness.SECURE:
+        return 0
+    return seeded_training_seed(policy.seed or 0, run_id, ordinal)
 
-    These metrics are not privatised; the server asks for them only when
-    ``fraction-evaluate`` > 0 (default 0: it evaluates centrally instead).
-    """
-    settings = RunSettings.from_run_config(context.run_config)
-    model_name = str(msg.content.config_records[protocol.CONFIG][protocol.MODEL])
+
+def evaluate(msg: Message, context: Context) -> RecordDict:
+    """A noisy, booked evaluation of the received model on this node's test partition,
+    where the node's policy allows it."""
+    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    if not policy.allow_evaluate:
+        raise protocol.ProtocolError("this node's policy does not allow evaluation (allow-evaluate = false)")
+    cid = client_id(context.node_config)
+    config = msg.content.config_records[protocol.CONFIG]
+    run_key, server_round = protocol.read_round(config)
+    entry = protocol.evaluate_entry(run_key, server_round)
+    events = (policy.evaluate_event(),)
+    model_name = str(config[protocol.MODEL])
+    model = _received_model(msg, model_name, settings.seed)
+    ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
     data = local_data(settings, context.node_config, train=False, model=model_name)
-    model = build_model(model_name, settings.seed)
-    model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
-    loss, accuracy = evaluate(model, data.features, data.labels)
-    metrics = MetricRecord({protocol.NUM_EXAMPLES: len(data.labels), "loss": loss, "accuracy": accuracy})
-    return Message(RecordDict({protocol.METRICS: metrics}), reply_to=msg)
+    metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
+    return RecordDict({protocol.METRICS: MetricRecord(metrics),
+                       protocol.PRIVACY: protocol.events_record(entry, events)})

@@ -9,18 +9,23 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any, indent: int = 2) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file in the same folder, fsync and
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync and
     ``os.replace``; on any failure the temp file is removed and the old file is intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=indent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, indent: int = 2) -> None:
+    """``data`` as JSON, written with ``write_bytes_atomic``."""
+    write_bytes_atomic(path, json.dumps(data, indent=indent).encode("utf-8"))

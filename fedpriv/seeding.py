@@ -34,3 +34,19 @@ def round_generators(
         generator(seed, "sampling", client, round_, device=device),
         generator(seed, "noise", client, round_, device=device),
     )
+
+
+SIMULATION_RUN_ID = 1
+"""The Flower run id of ``python -m simulations.*`` runs (and of ``simulations.centralized``,
+which trains as a simulation's single node would)."""
+
+
+def seeded_training_seed(seed: int, run_id: int, ordinal: int) -> int:
+    """The seed of one local training on a node whose policy asks for seeded randomness.
+
+    It mixes the node's own seed with the Flower run id and ``ordinal``, the number of
+    entries the node's durable ledger held before this training (``round_generators`` then
+    mixes in the client and round). The ledger never repeats an ordinal, so no two trainings
+    on one node share a draw, even when a server repeats run ids and rounds.
+    """
+    return derive_seed(seed, "node-run", run_id, "entry", ordinal)

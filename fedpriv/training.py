@@ -2,11 +2,11 @@
 
 ``train_round(model, features, labels, plan, seed, client, round_, device)`` builds a
 fresh optimizer, takes ``round_generators(seed, client, round_)`` and runs
-``local_epochs × steps_per_epoch(q)`` DP-SGD steps at the plan's q (lot_size / N by
-default). Centralized training is ``train_round(..., client=0, round_=epoch)`` for
-epoch = 1..E, so a single-client federated run with one local epoch per round and R = E
-rounds reproduces its final parameters bit for bit (``model_sha256``) and its privacy
-events exactly.
+``local_epochs × steps_per_epoch(q)`` DP-SGD steps at the plan's q (lot_size / ñ by
+default, ñ = N unless the caller passes a released estimate of a private N). Centralized
+training is ``train_round(..., client=0, round_=epoch)`` for epoch = 1..E, so a
+single-client federated run with one local epoch per round and R = E rounds reproduces
+its final parameters bit for bit (``model_sha256``) and its privacy events exactly.
 
 Invariant: nothing here depends on state carried across rounds (no optimizer state, no
 LR schedule outside ``plan``); everything a round needs is (plan, seed, client, round_).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -168,16 +169,19 @@ def default_epochs(dataset: str, target_epsilon: float | None) -> int:
 
 
 def calibrate_plan(
-    plan: TrainingPlan, target_epsilon: float, delta: float, num_examples: int, rounds: int
+    plan: TrainingPlan, target_epsilon: float, delta: float, num_examples: int, rounds: int,
+    prior_events: Sequence[DpEvent] = (),
 ) -> TrainingPlan:
-    """``plan`` with the smallest σ (RDP) whose ε after ``rounds`` rounds is ≤ target.
+    """``plan`` with the smallest σ (RDP) whose ε after ``rounds`` rounds, composed with
+    ``prior_events`` (a client's released count), is ≤ target.
 
     Total steps = rounds × ``plan.steps_per_round(num_examples)`` at ``plan.sample_rate(N)``.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     sigma = calibrate_noise_multiplier(
-        target_epsilon, delta, plan.sample_rate(num_examples), rounds * plan.steps_per_round(num_examples)
+        target_epsilon, delta, plan.sample_rate(num_examples), rounds * plan.steps_per_round(num_examples),
+        prior_events=prior_events,
     )
     return dataclasses.replace(plan, noise_multiplier=sigma)
 
@@ -206,23 +210,34 @@ def train_round(
     round_: int,
     device: torch.device | str,
     progress: bool = False,
-    secure_noise: bool = False,
+    secure: bool = False,
+    num_examples: int | None = None,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
 
-    Moves model and data to ``device``; the report's events are the round's whole
-    privacy cost. Lots and noise come from ``round_generators(seed, client, round_)``;
-    with ``secure_noise`` the noise comes from the OS CSPRNG instead (not reproducible,
-    and secret even from whoever knows ``seed``).
+    Moves model and data to ``device``; the report's events, ``plan.round_events(ñ)``, are
+    the round's whole privacy cost. Lots and noise come from
+    ``round_generators(seed, client, round_)``; with ``secure`` both come from the OS
+    CSPRNG instead (not reproducible, and secret even from whoever knows ``seed``, which is
+    then unused).
+
+    ``num_examples`` is ñ, the public (released) data set size the plan is computed for:
+    q = ``plan.sample_rate(ñ)``, ``plan.steps_per_round(ñ)`` steps, and the noisy clipped
+    sum divided by q·ñ, so nothing but ñ depends on the private N = ``len(labels)``.
+    None means ñ = N (a public N; the centralized run and simulations).
     """
+    if num_examples is None:
+        num_examples = len(labels)
+    elif not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples < 1:
+        raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     device = torch.device(device)
     model.to(device)
     features, labels = features.to(device), labels.to(device)
-    num_examples = len(labels)
-    sampling, noise = round_generators(seed, client, round_, device=device)
     config = plan.dpsgd_config(num_examples)
-    if secure_noise:
-        config, noise = dataclasses.replace(config, secure_mode=True), None
+    if secure:
+        config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
+    else:
+        sampling, noise = round_generators(seed, client, round_, device=device)
     return train_dpsgd(
         model,
         features,
@@ -233,6 +248,7 @@ def train_round(
         sampling_generator=sampling,
         noise_generator=noise,
         progress=progress,
+        expected_lot_size=config.sample_rate * num_examples,
     )
 
 

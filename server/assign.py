@@ -4,21 +4,42 @@ By default the plan's lot is shared out among the clients: every client samples 
 centralized rate q = lot_size / ΣN (``shared_sample_rate``), so its expected lot is its
 share q·N of the plan's lot and all clients spend one event. With a ``lot-size`` in the
 run every client uses that lot and q = lot / N differs between clients. In target-ε mode
-σ is calibrated once per distinct q, so that ``rounds`` rounds of the event end at ≤
-``target-epsilon``: R rounds of ``dpsgd_event(σ, q, s)`` compose exactly like one
-``dpsgd_event(σ, q, R·s)``.
+σ is calibrated once per distinct (q, earlier releases), so that those releases (a DP
+count of N) and ``rounds`` rounds of the event end at ≤ ``target-epsilon``.
+
+The N here are what clients *released*, so none can be trusted to be honest: in ΣN and
+as a FedAvg weight each counts at most ``SIZE_CAP`` times the lower median of the sizes
+the first discovery found. One client can thus lower the others' shared q by a factor of
+at most 1 + SIZE_CAP·m/Σ_others (m: the lower median), and can never raise it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from clients import protocol
-from clients.config import RunSettings
+from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
+from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan, calibrate_plan, default_plan
 from server.discovery import ClientInfo
-from server.strategy import Assignment
+
+SIZE_CAP = 4.0
+"""A client's N counts at most this many times the lower median of the discovered sizes."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one client is told to run each round, what that costs, and its FedAvg weight."""
+
+    client_id: str
+    num_examples: int
+    config: Mapping[str, object]
+    events: tuple[DpEvent, ...]
+    weight: float
+    plan: TrainingPlan
+    evaluate_events: tuple[DpEvent, ...] = ()
 
 
 def base_plan(settings: RunSettings) -> TrainingPlan:
@@ -31,36 +52,47 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
     )
 
 
+def size_cap(clients: Mapping[int, ClientInfo]) -> float:
+    """``SIZE_CAP`` × the lower median of the clients' sizes (∞ without clients)."""
+    sizes = sorted(info.num_examples for info in clients.values())
+    return SIZE_CAP * sizes[(len(sizes) - 1) // 2] if sizes else float("inf")
+
+
 class Assigner:
-    """Node id → assignment (plan as config, and the events per round) for the clients of
-    one run. The shared q is fixed by the clients of the first discovery; clients that join
-    later sample at that same q. One calibration per distinct q, cached for the run.
+    """Node id → assignment for the clients of one run. The shared q and the size cap are
+    fixed by the clients of the first discovery; clients that join later sample at that
+    same q. One calibration per distinct (q, earlier releases), cached for the run.
     """
 
     def __init__(self, settings: RunSettings, clients: Mapping[int, ClientInfo]) -> None:
         plan = base_plan(settings)
+        self.cap = size_cap(clients)
         if settings.lot_size is None and clients:
-            total = sum(info.num_examples for info in clients.values())
+            total = sum(min(info.num_examples, self.cap) for info in clients.values())
             plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
         self.settings = settings
         self.plan = plan
-        self._plans: dict[float, TrainingPlan] = {}  # by q, which fixes the steps and so σ
+        self._plans: dict[tuple[float, tuple[DpEvent, ...]], TrainingPlan] = {}
 
     def __call__(self, clients: Mapping[int, ClientInfo]) -> dict[int, Assignment]:
         nodes = {}
         for node, info in clients.items():
-            plan = self._plan(info.num_examples)
+            plan = self._plan(info)
             nodes[node] = Assignment(
                 client_id=info.client_id, num_examples=info.num_examples,
                 config=protocol.plan_config(plan), events=plan.round_events(info.num_examples),
+                weight=float(min(info.num_examples, self.cap)), plan=plan,
+                evaluate_events=info.evaluate_events,
             )
         return nodes
 
-    def _plan(self, num_examples: int) -> TrainingPlan:
-        q = self.plan.sample_rate(num_examples)
-        if q not in self._plans:
+    def _plan(self, info: ClientInfo) -> TrainingPlan:
+        q = self.plan.sample_rate(info.num_examples)
+        prior = tuple(e for events in info.releases.values() for e in events)
+        if (q, prior) not in self._plans:
             target = self.settings.target_epsilon
-            self._plans[q] = self.plan if target is None else calibrate_plan(
-                self.plan, target, self.settings.delta, num_examples, rounds=self.settings.rounds
+            self._plans[q, prior] = self.plan if target is None else calibrate_plan(
+                self.plan, target, self.settings.delta, info.num_examples, rounds=self.settings.rounds,
+                prior_events=prior,
             )
-        return self._plans[q]
+        return self._plans[q, prior]

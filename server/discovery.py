@@ -2,8 +2,10 @@
 
 The server needs each client's N to know (and, in target-ε mode, calibrate) the event
 a round costs it, and a stable client id to key the ledger by (Flower node ids change
-from run to run; partition ids do not). Nodes that do not answer are left out of the
-run. The server first waits for ``min-clients`` nodes (the simulation commands set it to
+from run to run; partition ids do not). The N it gets is what the node chose to release:
+a DP count, with the ledger entries that paid for it, or the exact N where the node's
+policy declares it public. Nodes that do not answer, or answer malformed, are left out of
+the run. The server first waits for ``min-clients`` nodes (the simulation commands set it to
 ``--clients``: Flower's engine registers its nodes while the ServerApp is already
 running); nodes that connect later are described before the next round
 (``describe_nodes``) and join it.
@@ -11,23 +13,50 @@ running); nodes that connect later are described before the next round
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from clients import protocol
+from fedpriv.federation import protocol
+from fedpriv.privacy.events import DpEvent
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
 class ClientInfo:
-    """A client as it described itself."""
+    """A client as it described itself: its released N, the entries that paid for that
+    release, and the events of one EVALUATE answer (none: it does not evaluate)."""
 
     client_id: str
     num_examples: int
+    public: bool = True
+    releases: Mapping[str, tuple[DpEvent, ...]] = field(default_factory=dict)
+    evaluate_events: tuple[DpEvent, ...] = ()
+
+
+def read_description(content: RecordDict) -> ClientInfo:
+    """A QUERY reply's ClientInfo; ``ProtocolError`` for anything malformed."""
+    try:
+        info = content.config_records[protocol.INFO]
+        client, n = info[protocol.CLIENT_ID], info[protocol.NUM_EXAMPLES]
+        public = info[protocol.NUM_EXAMPLES_PUBLIC]
+        releases, evaluate_events = protocol.read_releases(content.config_records[protocol.PRIVACY])
+    except KeyError as err:
+        raise protocol.ProtocolError(f"description lacks {err}") from None
+    if not isinstance(client, str) or not _CLIENT_ID.fullmatch(client):
+        raise protocol.ProtocolError(f"bad client id {client!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise protocol.ProtocolError(f"bad num-examples {n!r}")
+    if not isinstance(public, bool):
+        raise protocol.ProtocolError(f"bad num-examples-public {public!r}")
+    return ClientInfo(client, n, public, releases, evaluate_events)
 
 
 def discover(grid: Grid, min_nodes: int = 1, timeout: float = 600.0) -> dict[int, ClientInfo]:
@@ -56,7 +85,9 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> dict[int,
         if reply.has_error():
             log(WARNING, "Node %d did not describe itself: %s", node, reply.error.reason)
             continue
-        info = reply.content.config_records[protocol.INFO]
-        found[node] = ClientInfo(str(info[protocol.CLIENT_ID]), int(info[protocol.NUM_EXAMPLES]))
+        try:
+            found[node] = read_description(reply.content)
+        except protocol.ProtocolError as err:
+            log(WARNING, "Node %d described itself badly: %s", node, err)
     log(INFO, "Discovered %d of %d nodes", len(found), len(node_ids))
     return found

@@ -33,6 +33,7 @@ class RoundLog:
     train_seconds: float | None = None  # sampling, client training and booking, not evaluation
     test_accuracy: float | None = None
     test_loss: float | None = None
+    federated_evaluation: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,10 +41,12 @@ class History:
     """The run's record; ``to_json`` is what ``results.json`` holds."""
 
     settings: dict[str, Any]
+    run_key: str = ""
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)
     initial: dict[str, float] = field(default_factory=dict)
     rounds: list[RoundLog] = field(default_factory=list)
     stopped: str | None = None
+    spent: dict[str, float] = field(default_factory=dict)
     wall_time_s: float | None = None
     model_sha256: str | None = None
 
@@ -62,7 +65,10 @@ class History:
         log.test_loss, log.test_accuracy = loss, accuracy
 
     def final_epsilon(self) -> dict[str, float]:
-        """Each client's ε after the last round that ran."""
+        """Each client's ε in the server's ledger at the end (``spent``, set by the run:
+        with a state dir it includes earlier runs), else after the last round that ran."""
+        if self.spent:
+            return dict(self.spent)
         return dict(self.rounds[-1].epsilon) if self.rounds else {}
 
     def to_json(self) -> dict[str, Any]:
@@ -70,6 +76,15 @@ class History:
         data = asdict(self)
         data["final_epsilon"] = self.final_epsilon()
         return _finite(data)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> History:
+        """Inverse of ``to_json`` (a checkpoint's history)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        rounds = [RoundLog(**{**r, "epsilon": {c: float(e) for c, e in r["epsilon"].items()}})
+                  for r in fields.pop("rounds", [])]
+        spent = {c: float(e) for c, e in fields.pop("spent", {}).items()}
+        return cls(**fields, rounds=rounds, spent=spent)
 
     def save(self, path: Path) -> None:
         """Write ``results.json`` atomically (temp file + ``os.replace``)."""

@@ -1,11 +1,18 @@
-"""One federated run: discover clients, assign plans, run budget-aware FedAvg, report."""
+"""One federated run: discover clients, assign plans, run budget-aware FedAvg round by
+round (checkpointing after each when there is a state dir), report.
+
+The round loop is fedpriv's own rather than ``Strategy.start``'s so that a killed run can
+``resume`` from its last completed round with the same run key: rounds it re-sends are
+booked under the same entries, so nothing is counted twice.
+"""
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +22,27 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from tqdm import tqdm
 
-from clients import protocol
-from clients.config import RunSettings
 from fedpriv.data import load_dataset
+from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.models import build_model, model_inputs
-from fedpriv.privacy import Budget, PrivacyLedger
+from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.training import evaluate, model_sha256
-from server.assign import Assigner
-from server.discovery import describe_nodes, discover
+from server.assign import Assigner, Assignment
+from server.discovery import ClientInfo, describe_nodes, discover
 from server.history import History, epsilon_summary
+from server.ledger import ServerLedger
+from server.state import Checkpoint, ServerState
 from server.strategy import BudgetedFedAvg, BudgetExhausted
-
 
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
+
+ROUND_TIMEOUT_S = 3600.0
+"""How long a round waits for replies (Flower's own default)."""
+
+NOT_RESUMED = frozenset({"resume", "out"})
+"""Settings a resumed run may change; every other one must equal the checkpoint's."""
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
@@ -36,33 +50,99 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
     out = Path(settings.out) if settings.out else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-    history = History(settings={k: _plain(v) for k, v in asdict(settings).items()})
+    state = ServerState(settings.state_dir) if settings.state_dir else None
+    ledger = ServerLedger(Budget(epsilon=settings.server_budget, delta=settings.delta),
+                          state.ledger_path if state else None)
+    if state is None:
+        log(WARNING, "No state-dir: the server's ledger lasts this run only (nodes keep their own)")
     discovered = discover(grid, min_nodes=settings.min_clients)
+    book_releases(ledger, discovered.values())
     assigner = Assigner(settings, discovered)
-    ledger = PrivacyLedger(Budget(epsilon=settings.server_budget, delta=settings.delta), accountant="rdp")
-    strategy = BudgetedFedAvg(
-        ledger, assigner(discovered), history, ledger_path=out / "ledger.json" if out else None,
-        fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
-        seed=settings.seed, admit=lambda g, ids: assigner(describe_nodes(g, ids, LATE_NODE_TIMEOUT_S)),
-    )
+
+    def admit(g: Grid, node_ids: list[int]) -> dict[int, Assignment]:
+        found = describe_nodes(g, node_ids, LATE_NODE_TIMEOUT_S)
+        book_releases(ledger, found.values())
+        return assigner(found)
+
     model_name = assigner.plan.model
     model = build_model(model_name, settings.seed)
-    with tqdm(total=settings.rounds, desc="rounds", unit="round", disable=None) as bar:
+    history, run_key, first, arrays = _start(settings, state, model)
+    strategy = BudgetedFedAvg(
+        ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
+        fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,
+    )
+    with tqdm(total=settings.rounds, initial=first - 1, desc="rounds", unit="round", disable=None) as bar:
         evaluate_fn = _central_evaluation(settings, history, model_name, model, bar)
-        try:
-            strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                           num_rounds=settings.rounds, evaluate_fn=evaluate_fn,
-                           evaluate_config=ConfigRecord({protocol.MODEL: model_name}))
-        except BudgetExhausted as stop:
-            history.stopped = str(stop)
-    history.model_sha256 = model_sha256(model)  # evaluate_fn left the latest global model in it
+        if first == 1:
+            evaluate_fn(0, arrays)
+            if state:  # the run key is durable before anything is booked under it
+                state.save(Checkpoint(run_key, 0, history.settings, history.to_json()), arrays)
+        for server_round in range(first, settings.rounds + 1):
+            try:
+                arrays = _round(grid, strategy, server_round, arrays, model_name)
+            except BudgetExhausted as stop:
+                history.stopped = str(stop)
+                if server_round == 1:
+                    log(WARNING, "Nothing to train: all %d clients have spent their budget", len(strategy.nodes))
+                break
+            evaluate_fn(server_round, arrays)
+            if state:
+                state.save(Checkpoint(run_key, server_round, history.settings, history.to_json()), arrays)
+            if out:
+                ledger.snapshot().save(out / "ledger.json")
+    model.load_state_dict(arrays.to_torch_state_dict())
+    spent = ledger.snapshot()
+    history.spent = {a.client_id: spent.spent(a.client_id) for a in strategy.nodes.values()}
+    history.model_sha256 = model_sha256(model)
     history.wall_time_s = time.perf_counter() - start
     log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:
         history.save(out / "results.json")
+        if not (out / "ledger.json").exists():
+            ledger.snapshot().save(out / "ledger.json")
     return history
+
+
+def _start(settings: RunSettings, state: ServerState | None,
+           model: torch.nn.Module) -> tuple[History, str, int, ArrayRecord]:
+    """(history, run key, first round, global model) of a new run or of the one resumed."""
+    plain = {k: _plain(v) for k, v in asdict(settings).items()}
+    if not settings.resume:
+        run_key = f"run-{secrets.token_hex(6)}"
+        return History(settings=plain, run_key=run_key), run_key, 1, ArrayRecord(model.state_dict())
+    assert state is not None  # RunSettings requires a state dir to resume
+    checkpoint, arrays = state.load()
+    changed = sorted(k for k in plain.keys() | checkpoint.settings.keys()
+                     if k not in NOT_RESUMED and plain.get(k) != checkpoint.settings.get(k))
+    if changed:
+        raise SettingsError(f"resume must keep the run's settings; these differ from the checkpoint: {', '.join(changed)}")
+    log(INFO, "Resuming %s after round %d of %d", checkpoint.run_key, checkpoint.completed_round, settings.rounds)
+    history = History.from_json(checkpoint.history)
+    history.settings = plain
+    return history, checkpoint.run_key, checkpoint.completed_round + 1, arrays
+
+
+def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: ArrayRecord, model_name: str) -> ArrayRecord:
+    """One round of training (and federated evaluation where asked); the new global model."""
+    replies = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid),
+                                    timeout=ROUND_TIMEOUT_S)
+    aggregated, _ = strategy.aggregate_train(server_round, replies)
+    arrays = arrays if aggregated is None else aggregated
+    messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord({protocol.MODEL: model_name}), grid)
+    if messages:
+        strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_S))
+    return arrays
+
+
+def book_releases(ledger: ServerLedger, clients: Iterable[ClientInfo]) -> None:
+    """Book what the clients' descriptions cost them (their DP counts), idempotently."""
+    with ledger.transaction() as book:
+        for info in clients:
+            for entry, events in info.releases.items():
+                try:
+                    book.record(info.client_id, entry, events)
+                except (LedgerError, BudgetExceededError) as err:
+                    log(WARNING, "Client %s: release %s not booked: %s", info.client_id, entry, err)
 
 
 def _central_evaluation(

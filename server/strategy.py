@@ -1,15 +1,20 @@
-"""Budget-aware FedAvg: samples only clients that can afford the round, books their events.
+"""Budget-aware FedAvg: samples only clients that can afford the round, books on send,
+and aggregates only replies that pass every check.
 
 Invariants:
-- A client is sampled only if ``ledger.can_afford(client, assigned_events)``.
-- Every update the server *receives* is booked in the ledger with the events the server
-  assigned (the update has been seen, whether or not it is aggregated), and the
-  ledger is saved atomically before the round's model is released.
-- An update is aggregated only if the client's reported events equal the assigned ones
-  and its arrays match the global model (names, shapes, dtypes); otherwise it is rejected and logged.
-- Refusals and failures (error replies) are logged and skipped; they book nothing.
+- A client is sampled only if the server ledger can afford its assigned events, and the
+  round is booked under the entry ``<run key>/round-<r>/train`` *before* the message is
+  sent (saved atomically when durable): a lost reply still counts. Booking is idempotent
+  per entry, so a resumed round is not counted twice. Federated evaluation is booked the
+  same way, and only nodes whose policy answers EVALUATE are asked.
+- A reply is used only if it answers a message sent this round, from the node it was sent
+  to, for the first time (no duplicates, no stale rounds), and passes
+  ``server.checks`` (records, entry and events, names/shapes/dtypes, finite, update norm
+  within the plan's bound). A rejected reply is logged with the client id and reason.
+- The FedAvg weight of a client is the server's own (its released N, capped in
+  ``server.assign``), never a number a reply reports.
 - Nodes that connect after the start are described and admitted before the next round
-  (``admit``). The ledger is keyed by client id, so a client that reconnects under a new
+  (``admit``). Ledgers are keyed by client id, so a client that reconnects under a new
   node id keeps its history; a node claiming the id of a client still online is ignored.
 """
 
@@ -20,30 +25,22 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from clients import protocol
-from fedpriv.privacy import BudgetExceededError, PrivacyLedger
-from fedpriv.privacy.events import DpEvent, EventError
+from fedpriv.federation import protocol
+from fedpriv.privacy import LedgerError, PrivacyLedger
+from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import derive_seed
-from server.history import History
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """What one client is told to run each round, and the events that implies."""
-
-    client_id: str
-    num_examples: int
-    config: Mapping[str, Any]
-    events: tuple[DpEvent, ...]
-
+from server.assign import Assignment
+from server.checks import check_evaluate_reply, check_train_reply, update_norm_bound
+from server.history import History, RoundLog
+from server.ledger import ServerLedger
 
 Admit = Callable[[Grid, list[int]], Mapping[int, Assignment]]
 """``admit(grid, node_ids)``: the assignments of those new nodes that described themselves."""
@@ -53,15 +50,23 @@ class BudgetExhausted(Exception):
     """No known client can afford another round: the run stops here."""
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A message this round sent, and to whom."""
+
+    assignment: Assignment
+    message: Message
+
+
 class BudgetedFedAvg(FedAvg):
-    """FedAvg weighted by ``num-examples`` over the clients the shared ledger allows."""
+    """FedAvg over the clients the server ledger allows, weighted by the server's own weights."""
 
     def __init__(
         self,
-        ledger: PrivacyLedger,
+        ledger: ServerLedger,
         nodes: Mapping[int, Assignment],
         history: History,
-        ledger_path: Path | None = None,
+        run_key: str,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 0.0,
         seed: int = 0,
@@ -72,16 +77,16 @@ class BudgetedFedAvg(FedAvg):
             min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
         )
         self.ledger = ledger
-        self.nodes: dict[int, Assignment] = {}
         self.history = history
+        self.run_key = protocol.check_run_key(run_key)
+        self.nodes: dict[int, Assignment] = {}
         for node, assignment in nodes.items():
             self._add(node, assignment)
         self.admit = admit
         self._asked: set[int] = set(self.nodes)  # nodes described once are not asked again
-        self.ledger_path = ledger_path
         self.seed = seed
-        self._sent: dict[int, Assignment] = {}
-        self._array_spec: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._sent: dict[int, Sent] = {}
+        self._global = ArrayRecord()
         self._afford: dict[tuple[Any, ...], bool] = {}
         self._round_start = 0.0
 
@@ -90,51 +95,91 @@ class BudgetedFedAvg(FedAvg):
         super().summary()
         log(INFO, "\t└──> Privacy: %d clients, budget %s", len(self.nodes), self.ledger.budget)
 
-    def affordable(self) -> list[int]:
-        """Node ids whose client can still afford its assigned round, by client id."""
-        ok = [n for n, a in self.nodes.items() if self._can_afford(a)]
+    # --- sampling and booking -----------------------------------------------------------
+    def affordable(self, ledger: PrivacyLedger, entry: str, evaluate: bool = False) -> list[int]:
+        """Node ids whose client can still afford ``entry`` (already booked counts as
+        affordable: re-sending it costs nothing more), by client id."""
+        ok = [n for n, a in self.nodes.items()
+              if (a.evaluate_events or not evaluate) and self._can_afford(ledger, a, entry, evaluate)]
         return sorted(ok, key=lambda n: self.nodes[n].client_id)
 
-    def _can_afford(self, a: Assignment) -> bool:
+    def _can_afford(self, ledger: PrivacyLedger, a: Assignment, entry: str, evaluate: bool) -> bool:
         """``ledger.can_afford``, memoised on (history, events, budget): clients with the
         same history share one accountant call (RDP at large q takes ~0.5 s)."""
-        key = (self.ledger.events(a.client_id), a.events, self.ledger.budget_for(a.client_id))
+        if ledger.has_entry(a.client_id, entry):
+            return True
+        events = a.evaluate_events if evaluate else a.events
+        key = (ledger.events(a.client_id), events, ledger.budget_for(a.client_id))
         if key not in self._afford:
-            self._afford[key] = self.ledger.can_afford(a.client_id, a.events)
+            self._afford[key] = ledger.can_afford(a.client_id, events)
         return self._afford[key]
+
+    def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
+        """Sample affordable online nodes and book their entries before anything is sent."""
+        entry = (protocol.evaluate_entry if evaluate else protocol.train_entry)(self.run_key, server_round)
+        fraction = self.fraction_evaluate if evaluate else self.fraction_train
+        online = set(grid.get_node_ids())
+        with self.ledger.transaction() as ledger:
+            eligible = self.affordable(ledger, entry, evaluate)
+            if not eligible and not evaluate:
+                reason = f"round {server_round}: no client can afford another round"
+                log(WARNING, "Stopping: %s", reason)
+                raise BudgetExhausted(reason)
+            eligible = [n for n in eligible if n in online]
+            size = min(len(eligible), max(1, int(len(self.nodes) * fraction)))
+            rng = random.Random(derive_seed(self.seed, "server-evaluate" if evaluate else "server-sampling",
+                                            server_round))
+            booked = []
+            for node in sorted(rng.sample(eligible, size), key=lambda n: self.nodes[n].client_id):
+                assignment = self.nodes[node]
+                try:
+                    ledger.record(assignment.client_id, entry,
+                                  assignment.evaluate_events if evaluate else assignment.events)
+                except LedgerError as err:  # a resumed round booked with other events
+                    log(WARNING, "Client %s not sent %s: %s", assignment.client_id, entry, err)
+                    continue
+                booked.append(node)
+        log(INFO, "configure_%s: %d of %d affordable clients sampled (%d known)",
+            "evaluate" if evaluate else "train", len(booked), len(eligible), len(self.nodes))
+        return booked
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per sampled affordable client, with its own noise multiplier."""
+        """One TRAIN per sampled affordable client, with its own plan; booked before sent."""
         self._round_start = time.perf_counter()
-        online = set(grid.get_node_ids())
-        self._admit_new(grid, online)
-        eligible = self.affordable()
-        if not eligible:
-            reason = f"round {server_round}: no client can afford another round"
-            log(WARNING, "Stopping: %s", reason)
-            raise BudgetExhausted(reason)
-        eligible = [n for n in eligible if n in online]
-        size = min(len(eligible), max(1, int(len(self.nodes) * self.fraction_train)))
-        rng = random.Random(derive_seed(self.seed, "server-sampling", server_round))
-        sampled = sorted(rng.sample(eligible, size), key=lambda n: self.nodes[n].client_id)
-        log(INFO, "configure_train: %d of %d affordable clients sampled (%d known)",
-            size, len(eligible), len(self.nodes))
-        self._sent = {n: self.nodes[n] for n in sampled}
-        self._array_spec = _spec(arrays)
-        messages = []
+        self._admit_new(grid, set(grid.get_node_ids()))
+        sampled = self._sample_and_book(server_round, grid, evaluate=False)
+        self._global = arrays
+        self._sent = {}
         for node in sampled:
             node_config = ConfigRecord({**config, **self.nodes[node].config})
             node_config[protocol.SERVER_ROUND] = server_round
+            node_config[protocol.RUN_KEY] = self.run_key
             content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: node_config})
-            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
-        return messages
+            self._sent[node] = Sent(self.nodes[node], Message(content, node, MessageType.TRAIN))
+        return [s.message for s in self._sent.values()]
 
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One EVALUATE per sampled node whose policy answers it; booked before sent."""
+        if self.fraction_evaluate == 0:
+            self._sent = {}
+            return []
+        sampled = self._sample_and_book(server_round, grid, evaluate=True)
+        self._sent = {}
+        for node in sampled:
+            node_config = ConfigRecord({**config, protocol.SERVER_ROUND: server_round, protocol.RUN_KEY: self.run_key})
+            content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: node_config})
+            self._sent[node] = Sent(self.nodes[node], Message(content, node, MessageType.EVALUATE))
+        return [s.message for s in self._sent.values()]
+
+    # --- admission ----------------------------------------------------------------------
     def _add(self, node: int, assignment: Assignment) -> None:
         self.nodes[node] = assignment
         self.history.clients[assignment.client_id] = {"num_examples": assignment.num_examples,
-                                                      **assignment.config}
+                                                      "weight": assignment.weight, **assignment.config}
 
     def _admit_new(self, grid: Grid, online: set[int]) -> None:
         """Describe and add the nodes that connected since the last round."""
@@ -157,72 +202,87 @@ class BudgetedFedAvg(FedAvg):
             self._add(node, assignment)
             holder[assignment.client_id] = node
 
+    # --- replies ------------------------------------------------------------------------
+    def _answers(self, replies: Iterable[Message], round_log: RoundLog) -> Iterable[tuple[Sent, Message]]:
+        """(what was sent, its reply) for each first reply to a message of this round; the
+        rest (unexpected node, stale or unknown message, duplicate) logged and dropped."""
+        seen: set[int] = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            sent = self._sent.get(node)
+            if sent is None or reply.metadata.reply_to_message_id != sent.message.metadata.message_id:
+                log(WARNING, "Ignoring a reply from node %d that answers no message of round %d",
+                    node, round_log.round)
+                continue
+            cid = sent.assignment.client_id
+            if node in seen:
+                round_log.rejected.setdefault(cid, "duplicate reply")
+                log(WARNING, "Rejected a duplicate reply of client %s", cid)
+                continue
+            seen.add(node)
+            if reply.has_error():
+                round_log.failed[cid] = f"[{reply.error.code}] {reply.error.reason}"
+                log(INFO, "Client %s did not answer: %s", cid, round_log.failed[cid])
+                continue
+            yield sent, reply
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Book every received update, aggregate the consistent ones, save the ledger."""
-        accepted = []
-        round_log = self.history.start_round(server_round, [a.client_id for a in self._sent.values()])
-        for reply in replies:
-            assignment = self._sent.get(reply.metadata.src_node_id)
-            if assignment is None:
-                log(WARNING, "Ignoring reply from unexpected node %d", reply.metadata.src_node_id)
-                continue
-            cid = assignment.client_id
-            if reply.has_error():
-                round_log.failed[cid] = f"[{reply.error.code}] {reply.error.reason}"
-                log(INFO, "Client %s did not train: %s", cid, round_log.failed[cid])
-                continue
-            try:
-                self.ledger.record(cid, server_round, assignment.events)
-            except BudgetExceededError as err:
-                round_log.rejected[cid] = f"over budget: {err}"
-                continue
-            problem = self._check(reply, assignment)
+        """Weighted average of the replies that pass every check (None when none does)."""
+        round_log = self.history.start_round(server_round, [s.assignment.client_id for s in self._sent.values()])
+        entry = protocol.train_entry(self.run_key, server_round)
+        num_params = sum(int(np.prod(a.shape)) for a in self._global.values())
+        accepted: list[tuple[Assignment, ArrayRecord]] = []
+        for sent, reply in self._answers(replies, round_log):
+            a = sent.assignment
+            bound = update_norm_bound(a.plan, a.num_examples, num_params)
+            problem = check_train_reply(reply, entry, a.events, self._global, bound)
             if problem:
-                round_log.rejected[cid] = problem
-                log(WARNING, "Rejected update of client %s: %s", cid, problem)
+                round_log.rejected[a.client_id] = problem
+                log(WARNING, "Rejected update of client %s: %s", a.client_id, problem)
             else:
-                accepted.append(reply)
-        if self.ledger_path is not None:
-            self.ledger.save(self.ledger_path)
-        round_log.epsilon = {a.client_id: self.ledger.spent(a.client_id) for a in self.nodes.values()}
-        for cid in sorted(round_log.participants):
+                accepted.append((a, reply.content.array_records[protocol.ARRAYS]))
+        ledger = self.ledger.snapshot()
+        round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
+        for cid in round_log.participants:
             log(INFO, "\tclient %s: ε = %.4f (δ = %g)", cid, round_log.epsilon[cid], self.ledger.budget.delta)
         log(INFO, "aggregate_train: %d accepted, %d rejected, %d refused or failed",
             len(accepted), len(round_log.rejected), len(round_log.failed))
-        # In client order: float sums must not depend on which reply arrived first.
-        accepted.sort(key=lambda m: self._sent[m.metadata.src_node_id].client_id)
-        arrays, metrics = super().aggregate_train(server_round, accepted)
-        round_log.train_metrics = dict(metrics or {})
         round_log.train_seconds = time.perf_counter() - self._round_start
-        return arrays, metrics
+        if not accepted:
+            return None, None
+        accepted.sort(key=lambda item: item[0].client_id)  # float sums must not depend on arrival order
+        return weighted_average([(a.weight, arrays) for a, arrays in accepted]), None
 
-    def _check(self, reply: Message, assignment: Assignment) -> str | None:
-        """Why an update cannot be aggregated, or ``None`` when it can."""
-        content = reply.content
-        if protocol.PRIVACY not in content.config_records:
-            return "no privacy record in reply"
-        try:
-            reported = protocol.read_events(content.config_records[protocol.PRIVACY])
-        except EventError as err:
-            return f"unreadable events: {err}"
-        if reported != assignment.events:
-            return f"reported events {reported} differ from the assigned {assignment.events}"
-        if list(content.array_records) != [protocol.ARRAYS]:
-            return f"expected one ArrayRecord '{protocol.ARRAYS}'"
-        if _spec(content.array_records[protocol.ARRAYS]) != self._array_spec:
-            return "arrays do not match the global model's names, shapes and dtypes"
-        metrics = content.metric_records.get(protocol.METRICS)
-        if metrics is None or len(content.metric_records) != 1:
-            return f"expected one MetricRecord '{protocol.METRICS}'"
-        if set(metrics.keys()) != protocol.TRAIN_METRICS:
-            return f"metrics must be exactly {sorted(protocol.TRAIN_METRICS)}"
-        weight = metrics[protocol.NUM_EXAMPLES]
-        if isinstance(weight, list) or weight <= 0:
-            return f"'{protocol.NUM_EXAMPLES}' must be a positive number"
-        return None
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Loss and accuracy from the noisy sums of the replies that pass the checks."""
+        round_log = next(r for r in self.history.rounds if r.round == server_round)
+        entry = protocol.evaluate_entry(self.run_key, server_round)
+        sums = {protocol.COUNT: 0.0, protocol.CORRECT: 0.0, protocol.LOSS_SUM: 0.0}
+        scratch = RoundLog(server_round, [])
+        for sent, reply in self._answers(replies, scratch):
+            problem = check_evaluate_reply(reply, entry, sent.assignment.evaluate_events)
+            if problem:
+                scratch.rejected[sent.assignment.client_id] = problem
+                continue
+            for key in sums:
+                sums[key] += float(reply.content.metric_records[protocol.METRICS][key])
+        count = max(sums[protocol.COUNT], 1.0)
+        metrics = {"loss": sums[protocol.LOSS_SUM] / count, "accuracy": min(1.0, max(0.0, sums[protocol.CORRECT] / count))}
+        round_log.federated_evaluation = {**metrics, "count": sums[protocol.COUNT],
+                                          "failed": scratch.failed, "rejected": scratch.rejected}
+        return MetricRecord(metrics)
 
 
-def _spec(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {name: (tuple(array.shape), str(array.dtype)) for name, array in arrays.items()}
+def weighted_average(weighted: list[tuple[float, ArrayRecord]]) -> ArrayRecord:
+    """Σ w_k θ_k / Σ w_k per array (in float64, cast back); one update is returned as it is."""
+    if len(weighted) == 1:
+        return weighted[0][1]
+    total = sum(w for w, _ in weighted)
+    first = weighted[0][1]
+    out = {}
+    for name, array in first.items():
+        mean = sum(w * arrays[name].numpy().astype(np.float64) for w, arrays in weighted) / total
+        out[name] = Array(mean.astype(array.numpy().dtype))
+    return ArrayRecord(out)

@@ -6,20 +6,34 @@ flags become run-config overrides of ``[tool.flwr.app.config]``, fused exactly a
 ``flwr run`` fuses them, so the apps see the same ``context.run_config`` either way.
 (``flwr.simulation.run_simulation`` leaves ``run_config`` empty; we call the engine's
 ``_run_simulation`` the way Flower's own ``flwr-simulation`` process does.)
+
+The command is also the operator of the nodes it simulates, so it sets their privacy
+policy (``simulated_node_policy``): budget from the flags, seeded randomness from
+``--seed`` (reproducible, which a deployment must not be), N public unless
+``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
+durable ledger under ``--state-dir``/nodes/<partition id>. Without ``--state-dir`` all
+state lives in a temporary folder and is gone after the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
+import os
+import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedpriv.files import write_json_atomic
+from fedpriv.federation.policy import POLICY_ENV
+from fedpriv.files import write_bytes_atomic, write_json_atomic
+from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +42,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
-    "max-grad-norm", "lr", "lr-schedule", "model", "fraction-train", "epsilon-budget", "client-epsilon-budget", "download",
+    "max-grad-norm", "lr", "lr-schedule", "model", "fraction-train", "fraction-evaluate", "epsilon-budget",
+    "client-epsilon-budget", "download", "state-dir", "resume",
 )
 
 
@@ -44,7 +59,11 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     p.add_argument("--target-epsilon", type=float, help="calibrate each client's σ to end at ≤ ε")
     p.add_argument("--delta", type=float)
     p.add_argument("--epsilon-budget", type=float, help="per-client ε budget of the server ledger")
-    p.add_argument("--client-epsilon-budget", type=float, help="ε budget each client enforces")
+    p.add_argument("--client-epsilon-budget", type=float,
+                   help="ε budget in each simulated node's policy (default: --epsilon-budget, else "
+                        "--target-epsilon, else unlimited)")
+    p.add_argument("--num-examples-noise", type=float,
+                   help="nodes release N as a Gaussian count of this std (default: N is public)")
     p.add_argument("--noise-multiplier", type=float, help="fixed σ for every client")
     p.add_argument("--lot-size", type=int, help="expected Poisson lot size")
     p.add_argument("--max-grad-norm", type=float)
@@ -52,6 +71,8 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
     p.add_argument("--model", help="default: the data set's plan")
     p.add_argument("--fraction-train", type=float, help="fraction of clients sampled per round")
+    p.add_argument("--fraction-evaluate", type=float,
+                   help="fraction of clients asked for a noisy, booked evaluation per round (default 0)")
     p.add_argument("--partition", choices=["iid", "dirichlet", "shard"])
     p.add_argument("--alpha", type=float, help="Dirichlet concentration")
     p.add_argument("--seed", type=int)
@@ -60,6 +81,10 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     p.add_argument("--data-dir")
     p.add_argument("--download", action="store_true", default=None)
     p.add_argument("--out", default=f"runs/{dataset}", help="output folder")
+    p.add_argument("--state-dir", help="keep the server's ledger and checkpoints here and each node's "
+                                       "ledger under nodes/ (default: a temporary folder)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue the run in --state-dir from its last completed round")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=float,
                    help="default: torch's threads shared out, max(1, threads // clients)")
@@ -68,15 +93,58 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
 
 
 def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), the data set, ``min-clients``, and
-    ``local-randomness = run-seed``: a simulation is reproducible from its seed (never
-    do this in a deployment, where the server must not know the clients' noise)."""
-    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients, "local-randomness": "run-seed"}
+    """The run-config keys the user set (kebab-case), the data set and ``min-clients``."""
+    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients}
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
-            overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir") else value
+            overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir", "state-dir") else value
     return overrides
+
+
+def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
+                          num_examples_noise: float | None = None) -> dict[str, Any]:
+    """The policy of every simulated node (``fedpriv.federation.policy`` keys); no budget
+    means an explicitly unlimited one (the simulation's choice as the nodes' operator)."""
+    return {
+        "epsilon-budget": epsilon_budget or math.inf,
+        "delta": float(run_config["delta"]),
+        "state-dir": str(state_dir / "nodes" / "{partition-id}"),
+        "randomness": "seeded",
+        "seed": int(run_config["seed"]),
+        "public-num-examples": num_examples_noise is None,
+        "num-examples-noise": num_examples_noise or 20.0,
+        "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
+    }
+
+
+def _toml(values: Mapping[str, Any]) -> str:
+    """A flat TOML table (str, bool, int, float incl. inf)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and math.isinf(v):
+            return "inf"
+        return json.dumps(v)
+
+    return "".join(f"{k} = {value(v)}\n" for k, v in values.items())
+
+
+@contextlib.contextmanager
+def node_policy_env(policy: Mapping[str, Any], state_dir: Path) -> Iterator[Path]:
+    """Write the simulated nodes' policy file and point ``FEDPRIV_NODE_POLICY`` at it for
+    the simulation's processes (Ray workers inherit the environment)."""
+    path = state_dir / "nodes" / "policy.toml"
+    write_bytes_atomic(path, _toml(policy).encode())
+    saved = os.environ.get(POLICY_ENV)
+    os.environ[POLICY_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop(POLICY_ENV, None)
+        else:
+            os.environ[POLICY_ENV] = saved
 
 
 def backend_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,7 +178,7 @@ def simulate(
 
     components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
     # What _run_simulation does for a run it creates itself, plus our overrides.
-    run = Run.create_empty(run_id=1)
+    run = Run.create_empty(run_id=SIMULATION_RUN_ID)
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
@@ -140,7 +208,16 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     logging.getLogger("flwr").propagate = False
     args = build_parser(dataset).parse_args(argv)
     overrides = run_config_overrides(args, dataset)
-    wall = simulate(args.clients, overrides, backend_config(args))
+    from flwr.common.config import get_fused_config_from_dir
+
+    run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
+    with contextlib.ExitStack() as stack:
+        state_dir = Path(args.state_dir).resolve() if args.state_dir else \
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
+        budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
+        policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
+        stack.enter_context(node_policy_env(policy, state_dir))
+        wall = simulate(args.clients, overrides, backend_config(args))
     out = Path(overrides["out"])
     results_path = out / "results.json"
     if not results_path.exists():

@@ -1,7 +1,8 @@
 """Centralized DP-SGD baseline: ``python -m simulations.centralized --dataset mnist --target-epsilon 1``.
 
 Trains one model on the whole training set, epoch by epoch, with exactly the routine a
-Flower client runs (``fedpriv.training.train_round`` with client 0 and round = epoch), so
+Flower client runs (``fedpriv.training.train_round`` with client 0, round = epoch, and the
+seed a simulated node with seeded randomness derives for its epoch-th training), so
 ``python -m simulations.mnist --clients 1 --rounds E --local-epochs 1`` gives the same ε
 and the same ``model_sha256``. ε is computed from the events the epochs reported.
 Prints one JSON object (and writes it to ``--out``).
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 from fedpriv.data import DatasetNotFoundError, load_dataset
 from fedpriv.models import MODELS, build_model, model_inputs
 from fedpriv.privacy import ComposedEvent, epsilon_of
+from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
 from fedpriv.training import (
     TrainingPlan,
     calibrate_plan,
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     events = []
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
     for epoch in bar:
-        report = train_round(model, train_inputs, train.labels, plan, args.seed, 0, epoch, device)
+        seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch - 1)  # as a simulated node's
+        report = train_round(model, train_inputs, train.labels, plan, seed, 0, epoch, device)
         events.extend(report.events)
         bar.set_postfix(loss=f"{report.mean_loss:.3f}")
     seconds = time.perf_counter() - start

@@ -5,6 +5,17 @@ Every gradient path reports, per trainable parameter tensor, the squared per-exa
 clipped gradients has L2 sensitivity ≤ C (add/remove one example).  Sums are added into
 caller-owned buffers (``ClippedSumFn``), so a step allocates no parameter-sized tensors.  Factor
 ``C / max(‖g‖, C)`` is exactly 1 for small gradients and never needs an epsilon.
+
+Non-finite gradients: an example whose squared norms, summed over all tensors, are not
+finite (a NaN or ±Inf entry anywhere, or an overflowing norm) is *dropped*: ``clip_factors``
+returns a ``keep`` mask, and every gradient path selects that example's rows out with
+``drop_rows`` (``torch.where``, never a multiplication by 0: 0·NaN = NaN) before summing.
+Otherwise one such example would make the whole noisy sum NaN whatever σ, and a server
+choosing weights that make one record's gradient non-finite would learn, from the update's
+finiteness, whether that record was sampled.  Dropping keeps every example's contribution
+bounded by C (zero is), so the privacy analysis is unchanged.  In the common all-finite
+case ``keep`` is None and nothing is copied; the check costs one reduction over (B,) norms
+and one host sync per micro-batch.  The same rule holds with ``max_grad_norm = inf``.
 """
 
 from __future__ import annotations
@@ -20,23 +31,48 @@ ClippedSumFn = Callable[[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]], to
 """``clipped_sum(features, labels, into)``: add Σ_i clipped g_i of the micro-batch into
 ``into`` (one buffer per trainable parameter tensor, in place); return Σ_i loss_i."""
 
+Keep = torch.Tensor | None
+"""``clip_factors``' (B,) bool mask of the examples kept; None when all are (nothing to copy)."""
+
 
 def clip_factors(
     sq_norms: Sequence[torch.Tensor], max_grad_norm: float, clipping: Clipping
-) -> list[torch.Tensor]:
-    """Per parameter tensor, the ``(B,)`` factors for ``sq_norms[k][i] = ‖g_{i,k}‖²``.
+) -> tuple[list[torch.Tensor], Keep]:
+    """Per parameter tensor, the ``(B,)`` factors for ``sq_norms[k][i] = ‖g_{i,k}‖²``, and
+    ``keep``: None when every example is finite, else the ``(B,)`` mask of finite examples.
 
     ``FLAT``: one factor per example from its total norm, bound C.  ``PER_LAYER``: one factor
     per (example, tensor), bound C/√K for K tensors.  ``max_grad_norm = inf``: all ones.
+    A dropped example's factors are 0 in every tensor; its gradient rows must still be
+    removed with ``drop_rows`` (they may hold NaN).
     """
+    total = sq_norms[0] if len(sq_norms) == 1 else torch.stack(list(sq_norms)).sum(0)
+    finite = torch.isfinite(total)
+    keep = None if bool(finite.all()) else finite
     if math.isinf(max_grad_norm):
-        return [torch.ones_like(n) for n in sq_norms]
-    if clipping is Clipping.FLAT:
-        total = torch.stack(list(sq_norms)).sum(0).sqrt()
-        factor = max_grad_norm / total.clamp(min=max_grad_norm)
-        return [factor] * len(sq_norms)
-    bound = per_layer_bound(max_grad_norm, len(sq_norms))
-    return [bound / n.sqrt().clamp(min=bound) for n in sq_norms]
+        factors = [torch.ones_like(total)] * len(sq_norms)
+    elif clipping is Clipping.FLAT:
+        factors = [max_grad_norm / total.sqrt().clamp(min=max_grad_norm)] * len(sq_norms)
+    else:
+        bound = per_layer_bound(max_grad_norm, len(sq_norms))
+        factors = [bound / n.sqrt().clamp(min=bound) for n in sq_norms]
+    if keep is not None:
+        factors = [drop_rows(f, keep) for f in factors]
+    return factors, keep
+
+
+def drop_rows(per_example: torch.Tensor, keep: Keep) -> torch.Tensor:
+    """``per_example`` (B, ...) with the rows of dropped examples set to exactly 0 (by
+    selection, so NaN and Inf go too); itself, uncopied, when ``keep`` is None."""
+    if keep is None:
+        return per_example
+    return torch.where(keep.view(-1, *[1] * (per_example.dim() - 1)), per_example, 0)
+
+
+def finite_sum(values: torch.Tensor) -> torch.Tensor:
+    """Σ of the finite entries of ``values`` (per-example losses): a non-finite loss is left
+    out of the reported loss rather than making it NaN."""
+    return torch.where(torch.isfinite(values), values, 0).sum()
 
 
 def per_layer_bound(max_grad_norm: float, num_tensors: int) -> float:
@@ -44,9 +80,10 @@ def per_layer_bound(max_grad_norm: float, num_tensors: int) -> float:
     return max_grad_norm / math.sqrt(num_tensors)
 
 
-def add_weighted_sum_(into: torch.Tensor, factors: torch.Tensor, per_example: torch.Tensor) -> None:
-    """``into += Σ_i factors[i] · per_example[i]`` for materialised ``(B, *shape)`` gradients."""
-    into.view(-1).addmv_(per_example.reshape(len(factors), -1).T, factors)
+def add_weighted_sum_(into: torch.Tensor, factors: torch.Tensor, per_example: torch.Tensor, keep: Keep) -> None:
+    """``into += Σ_{i kept} factors[i] · per_example[i]`` for materialised ``(B, *shape)``
+    gradients (``factors``, ``keep`` from ``clip_factors``)."""
+    into.view(-1).addmv_(drop_rows(per_example, keep).reshape(len(factors), -1).T, factors)
 
 
 def squared_norms(per_example: torch.Tensor) -> torch.Tensor:

@@ -51,10 +51,11 @@ class ConfigError(ValueError):
 class DPSGDConfig:
     """DP-SGD hyper-parameters (Abadi et al. 2016): noise σ, clip norm C, Poisson rate q.
 
-    ``secure_mode``: draw the noise from ``os.urandom`` (a CSPRNG) instead of
-    ``noise_generator``; the result is *not reproducible*, and slower.  Like Opacus it sums
-    four draws of std σC/2 (same distribution) to blunt floating-point attacks on the
-    sampler's low bits (Mironov 2012); see ``noise.add_gaussian_noise_``.
+    ``secure_mode``: draw both the Poisson lots and the noise from ``os.urandom`` (a CSPRNG)
+    instead of generators (``train_dpsgd`` then takes none); the result is *not
+    reproducible*, and slower.  Like Opacus it sums four draws of std σC/2 (same
+    distribution) to blunt floating-point attacks on the sampler's low bits (Mironov 2012);
+    see ``noise.fill_gaussian_noise_`` and ``sampling.secure_poisson_lot``.
     """
 
     noise_multiplier: float

@@ -1,9 +1,12 @@
 """``train_dpsgd``: Abadi et al.'s DP-SGD as named stages, one privacy event per call.
 
 Each step: Poisson lot → noise N(0, σ²C²) drawn into the gradient buffer → per
-micro-batch, Σ_i clip(g_i) added into it (so it holds the clipped sum plus its noise) →
-divide by the *expected* lot size q·N (a data-independent scale, right for Poisson lots
-whose size varies) → ``p.grad`` = that buffer, ``optimizer.step()``.  The buffer is one
+micro-batch, Σ_i clip(g_i) added into it (so it holds the clipped sum plus its noise;
+an example whose gradient is not finite adds exactly 0, see ``clipping``) → divide by the
+*expected* lot size (a data-independent scale, right for Poisson lots whose size varies:
+q·N by default, q·ñ where N is private and ñ its public estimate) → ``p.grad`` = that
+buffer, ``optimizer.step()``.  In ``secure_mode`` lots and noise both come from the OS
+CSPRNG and no generator is passed.  The buffer is one
 flat tensor allocated per call, not per step: fresh parameter-sized tensors every step
 cost page faults that were measured at ~2 ms a step for the 795k-parameter MLP on CPU.
 An empty lot still takes a step (pure noise).  The report carries
@@ -12,6 +15,8 @@ An empty lot still takes a step (pure noise).  The report carries
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -28,7 +33,7 @@ from fedpriv.dpsgd.config import DPSGDConfig, GradSampleMode
 from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model, model_device, trainable_parameters
 from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
-from fedpriv.dpsgd.sampling import micro_batches, poisson_lot
+from fedpriv.dpsgd.sampling import micro_batches, poisson_lot, secure_poisson_lot
 from fedpriv.privacy.events import DpEvent, dpsgd_event
 
 
@@ -37,8 +42,9 @@ class TrainReport:
     """What one ``train_dpsgd`` call did.
 
     ``events`` is its privacy cost.  ``num_examples`` (N, the local data set size, the FedAvg
-    weight) and ``mean_loss`` (mean per-example loss over the lots, before each step) are
-    *not* privatised: releasing them is outside the reported events.
+    weight) and ``mean_loss`` (mean per-example loss over the lots, before each step; a
+    non-finite loss counts as 0) are *not* privatised: releasing them is outside the
+    reported events.
     """
 
     events: tuple[DpEvent, ...]
@@ -55,31 +61,41 @@ def train_dpsgd(
     config: DPSGDConfig,
     steps: int,
     optimizer: torch.optim.Optimizer,
-    sampling_generator: torch.Generator,
+    sampling_generator: torch.Generator | None = None,
     noise_generator: torch.Generator | None = None,
     loss_fn: LossFn = F.cross_entropy,
     progress: bool = False,
+    expected_lot_size: float | None = None,
 ) -> TrainReport:
     """Run ``steps`` DP-SGD steps on ``model`` (put in train mode) over (features, labels).
 
     ``features``/``labels`` live on the model's device, as do both generators.
     ``loss_fn(outputs, targets)`` must return the mean per-example loss of a batch.
-    ``noise_generator`` may be None only with ``config.secure_mode``.
+    Generators: with ``config.secure_mode``, none (lots and noise come from the OS CSPRNG;
+    passing one is an error, not a silent downgrade); otherwise ``sampling_generator``, and
+    ``noise_generator`` unless σ = 0.
+    ``expected_lot_size``: the divisor of the noisy clipped sum, > 0 and finite; by default
+    q·N, right when N = ``len(features)`` is public.  Where N is private, pass q·ñ for a
+    released estimate ñ, so that the scale reveals nothing more.
     """
     params = trainable_parameters(model)
     num_examples = _check_inputs(params, features, labels, steps, sampling_generator, noise_generator, config)
     check_model(model)
+    divisor = _divisor(expected_lot_size, config.sample_rate * num_examples)
     model.train()
-    expected_lot_size = config.sample_rate * num_examples
+    if config.secure_mode:
+        draw_lot = partial(secure_poisson_lot, num_examples, config.sample_rate, features.device)
+    else:
+        draw_lot = partial(poisson_lot, num_examples, config.sample_rate, sampling_generator)
     flat, grads = gradient_buffers(params)
     loss_total = torch.zeros((), device=features.device)
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
         for _ in tqdm(range(steps), desc="DP-SGD", disable=not progress):
-            lot = poisson_lot(num_examples, config.sample_rate, sampling_generator)
+            lot = draw_lot()
             fill_gaussian_noise_(flat, config.noise_std, noise_generator, config.secure_mode)
             loss_total += add_clipped_sums_(clipped_sum, features, labels, lot, grads, config)
-            flat.div_(expected_lot_size)
+            flat.div_(divisor)
             apply_gradients(params, grads, optimizer)
             examples_seen += lot.numel()
     mean_loss = loss_total.item() / examples_seen if examples_seen else float("nan")
@@ -172,12 +188,22 @@ def apply_gradients(
     optimizer.step()
 
 
+def _divisor(expected_lot_size: float | None, default: float) -> float:
+    if expected_lot_size is None:
+        return default
+    if not isinstance(expected_lot_size, numbers.Real) or isinstance(expected_lot_size, bool):
+        raise ValueError(f"expected_lot_size must be a number, got {expected_lot_size!r}")
+    if not (math.isfinite(expected_lot_size) and expected_lot_size > 0):
+        raise ValueError(f"expected_lot_size must be finite and > 0, got {expected_lot_size!r}")
+    return float(expected_lot_size)
+
+
 def _check_inputs(
     params: dict[str, torch.Tensor],
     features: torch.Tensor,
     labels: torch.Tensor,
     steps: int,
-    sampling_generator: torch.Generator,
+    sampling_generator: torch.Generator | None,
     noise_generator: torch.Generator | None,
     config: DPSGDConfig,
 ) -> int:
@@ -189,7 +215,15 @@ def _check_inputs(
     for name, tensor in (("features", features), ("labels", labels)):
         if tensor.device != device:
             raise ValueError(f"{name} are on {tensor.device} but the model is on {device}")
-    if noise_generator is None and not config.secure_mode and config.noise_multiplier > 0:
+    if config.secure_mode:
+        if sampling_generator is not None or noise_generator is not None:
+            raise ValueError(
+                "secure_mode draws lots and noise from the OS CSPRNG: pass no sampling_generator "
+                "or noise_generator (they would not be used)"
+            )
+    elif sampling_generator is None:
+        raise ValueError("sampling_generator is required unless secure_mode=True")
+    elif noise_generator is None and config.noise_multiplier > 0:
         raise ValueError("noise_generator is required unless secure_mode=True")
     if noise_generator is not None and noise_generator is sampling_generator:
         raise ValueError("sampling and noise must use separate generators")

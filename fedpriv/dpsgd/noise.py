@@ -17,9 +17,10 @@ intra-op threads).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
+
+from fedpriv.dpsgd.csprng import secure_uniform
 
 SECURE_DRAWS = 4
 """Secure mode sums this many N(0, std²) draws and divides by √4 = 2 (Opacus' choice)."""
@@ -32,8 +33,8 @@ def fill_gaussian_noise_(
 
     ``secure_mode``: uniforms from ``os.urandom`` (a CSPRNG; not reproducible), turned into
     normals by Box–Muller in float64, ``SECURE_DRAWS`` summed to blunt floating-point attacks
-    on the low bits (Mironov 2012; Jin et al. 2022).  torch's generators are not used there:
-    a CPU ``torch.Generator`` keeps only 32 bits of its seed, which could be brute-forced.
+    on the low bits (Mironov 2012; Jin et al. 2022); see ``csprng`` for why not torch's
+    generators.
     """
     if std == 0:
         flat.zero_()
@@ -49,12 +50,7 @@ def secure_normal(size: int, std: float) -> torch.Tensor:
     """``size`` float64 N(0, std²) draws from OS randomness, sum of SECURE_DRAWS over √SECURE_DRAWS."""
     total = torch.zeros(size, dtype=torch.float64)
     for _ in range(SECURE_DRAWS):
-        u1, u2 = _secure_uniform(size), _secure_uniform(size)
+        u1, u2 = secure_uniform(size), secure_uniform(size)
         total += torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)
     return total * (std / math.sqrt(SECURE_DRAWS))
 
-
-def _secure_uniform(size: int) -> torch.Tensor:
-    """Uniform on (0, 1] with 53 random bits each, from ``os.urandom``."""
-    bits = torch.frombuffer(bytearray(os.urandom(8 * size)), dtype=torch.int64)
-    return ((bits & (2**53 - 1)) + 1).double() / 2.0**53

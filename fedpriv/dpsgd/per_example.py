@@ -12,11 +12,20 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedpriv.dpsgd.clipping import add_weighted_sum_, clip_factors, squared_norms
+from fedpriv.dpsgd.clipping import add_weighted_sum_, clip_factors, finite_sum, squared_norms
 from fedpriv.dpsgd.config import DPSGDConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets)`` → the *mean* loss over the batch (PyTorch's default)."""
+
+
+def per_example_losses(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B,) losses of each example alone, from a batch's outputs: ``loss_fn`` on batches of one."""
+
+    def example_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss_fn(output.unsqueeze(0), target.unsqueeze(0))
+
+    return vmap(example_loss)(outputs, targets)
 
 
 def per_example_gradients(
@@ -50,11 +59,12 @@ def vmap_clipped_sum(
     loss_fn: LossFn,
     config: DPSGDConfig,
 ) -> torch.Tensor:
-    """Add Σ_i clip(g_i) per parameter tensor into ``into``, by materialising every g_i;
-    return Σ_i loss_i."""
+    """Add Σ_i clip(g_i) per parameter tensor into ``into``, by materialising every g_i
+    (examples with a non-finite gradient left out); return Σ_i loss_i over finite losses."""
     grads, losses = per_example_gradients(model, params, features, labels, loss_fn)
     per_example = list(grads.values())
-    factors = clip_factors([squared_norms(g) for g in per_example], config.max_grad_norm, config.clipping)
+    sq_norms = [squared_norms(g) for g in per_example]
+    factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
     for buffer, f, g in zip(into, factors, per_example):
-        add_weighted_sum_(buffer, f, g)
-    return losses.sum()
+        add_weighted_sum_(buffer, f, g, keep)
+    return finite_sum(losses)

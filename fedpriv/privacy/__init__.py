@@ -1,4 +1,5 @@
-"""Privacy accounting: events, accountants, calibration and the per-client ledger.
+"""Privacy accounting: events, accountants, calibration, the per-client ledger and its
+file-locked store.
 
 See docs/architecture.md for the contract and docs/accounting.md for the math.
 """
@@ -16,6 +17,7 @@ from fedpriv.privacy.events import (
     event_to_dict,
 )
 from fedpriv.privacy.ledger import Budget, BudgetExceededError, LedgerError, PrivacyLedger
+from fedpriv.privacy.store import LedgerStore
 
 __all__ = [
     "AccountantKind",
@@ -25,6 +27,7 @@ __all__ = [
     "GaussianEvent",
     "LaplaceEvent",
     "LedgerError",
+    "LedgerStore",
     "PoissonSampledEvent",
     "PrivacyLedger",
     "SelfComposedEvent",

@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     sig.add_argument("--epsilon", type=_number("epsilon", lambda e: e > 0, "> 0"), required=True)
     ledger = sub.add_parser("ledger", help="inspect a saved privacy ledger")
     show = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
-    show_parser = show.add_parser("show", help="table per client: rounds, events, spent, budget, remaining")
+    show_parser = show.add_parser("show", help="table per client: entries, events, spent, budget, remaining")
     show_parser.add_argument("path")
     show_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
@@ -68,7 +68,7 @@ def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:
     return [
         {
             "client": c,
-            "rounds": len(ledger.rounds(c)),
+            "entries": len(ledger.entries(c)),
             "events": len(ledger.events(c)),
             "epsilon_spent": ledger.spent(c),
             "budget_epsilon": ledger.budget_for(c).epsilon,
@@ -80,9 +80,9 @@ def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:
 
 
 def _table(rows: list[dict[str, object]]) -> str:
-    header = ["client", "rounds", "events", "eps spent", "budget (eps, delta)", "remaining"]
+    header = ["client", "entries", "events", "eps spent", "budget (eps, delta)", "remaining"]
     body = [
-        [str(r["client"]), str(r["rounds"]), str(r["events"]), f"{r['epsilon_spent']:.4f}",
+        [str(r["client"]), str(r["entries"]), str(r["events"]), f"{r['epsilon_spent']:.4f}",
          f"({r['budget_epsilon']:g}, {r['budget_delta']:g})", f"{r['remaining']:.4f}"]
         for r in rows
     ]

@@ -11,11 +11,12 @@ never overshoots the target, and v minus one unit in the last digit would.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from fedpriv.privacy._search import bisect
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.accountants.base import check_delta
-from fedpriv.privacy.events import dpsgd_event
+from fedpriv.privacy.events import ComposedEvent, DpEvent, dpsgd_event
 
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
 
@@ -38,9 +39,11 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     accountant: AccountantKind | str = AccountantKind.RDP,
+    prior_events: Sequence[DpEvent] = (),
 ) -> float:
     """Smallest σ, rounded up to 3 significant digits, with
-    ε(dpsgd_event(σ, sample_rate, steps), delta) <= target_epsilon under ``accountant``."""
+    ε(dpsgd_event(σ, sample_rate, steps), delta) <= target_epsilon under ``accountant``;
+    with ``prior_events`` (e.g. a released count), ε of those composed with the training."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
     check_delta(delta)
@@ -50,8 +53,13 @@ def calibrate_noise_multiplier(
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     kind = AccountantKind(accountant)
 
+    prior = tuple(prior_events)
+    if prior and epsilon_of(ComposedEvent(prior), delta, kind) >= target_epsilon:
+        raise ValueError(f"the prior events alone spend epsilon >= {target_epsilon}: no noise multiplier reaches it")
+
     def ok(sigma: float) -> bool:
-        return epsilon_of(dpsgd_event(sigma, sample_rate, steps), delta, kind) <= target_epsilon
+        event = dpsgd_event(sigma, sample_rate, steps)
+        return epsilon_of(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
 
     lo, hi = 0.5, 1.0
     while not ok(hi):

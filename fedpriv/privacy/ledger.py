@@ -1,12 +1,21 @@
-"""PrivacyLedger: per-client privacy events with round tags, budgets and JSON persistence.
+"""PrivacyLedger: per-client privacy events under string entry keys, budgets and JSON persistence.
+
+A ledger holds, per client id (str), an ordered list of *entries*: an entry key (a
+non-empty str such as ``"run-3f2a/round-2/train"`` or ``"release/num-examples/ab12"``)
+and the tuple of events it spent. Entries keep the order in which they were recorded.
 
 Invariants:
 - A client's spent ε is the ε, at its budget's δ, of *all* its recorded events merged
   (``merge_events``) and composed by one fresh accountant of the ledger's kind.
-- ``record`` never leaves a client past its budget: it raises ``BudgetExceededError``
-  and changes nothing instead. Recording is idempotent per (client, round).
+- ``record`` never leaves a client past the budget it checks against (its own, or the one
+  passed in): it raises ``BudgetExceededError`` and changes nothing instead. Recording is
+  idempotent per (client, entry).
 - ``save`` is atomic (temp file in the same folder, fsync, ``os.replace``) and ``load``
   restores a ledger equal (``==``) to the saved one.
+- JSON schema version 2; version 1 files (entries tagged by integer rounds) still load,
+  each round ``r`` becoming the entry key ``str(r)``.
+
+For a ledger shared by processes and kept across runs, see ``fedpriv.privacy.store``.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from fedpriv.privacy.events import (
 )
 
 SCHEMA = "fedpriv.privacy.ledger"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Events = Union[DpEvent, Iterable[DpEvent]]
 
 
@@ -86,8 +95,31 @@ def _as_tuple(events: Events) -> tuple[DpEvent, ...]:
     return items
 
 
+def _check_client(client: Any) -> None:
+    if not isinstance(client, str):
+        raise TypeError(f"client id must be a str, got {client!r}")
+
+
+def _check_entry(entry: Any) -> None:
+    if not isinstance(entry, str):
+        raise TypeError(f"entry key must be a str, got {entry!r}")
+    if not entry:
+        raise ValueError("entry key must be a non-empty str")
+
+
+def _check_budget(budget: Any) -> None:
+    if not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a Budget, got {budget!r}")
+
+
+def _check_delta(delta: Any) -> None:
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
 class PrivacyLedger:
-    """Events per client id (str) and round; budgets; spent ε under one accountant kind."""
+    """Events per client id (str) and entry key (str, in recorded order); budgets; spent ε
+    under one accountant kind."""
 
     def __init__(
         self,
@@ -98,8 +130,12 @@ class PrivacyLedger:
         self.budget = budget
         self.accountant = AccountantKind(accountant)
         self.client_budgets: dict[str, Budget] = dict(client_budgets or {})
-        self._rounds: dict[str, dict[int, tuple[DpEvent, ...]]] = {}
-        self._spent: dict[str, float] = {}
+        self._entries: dict[str, dict[str, tuple[DpEvent, ...]]] = {}
+        # ε of all of a client's events, per client and (accountant kind, δ): a value is
+        # only ever read back for the kind and δ it was computed at, so changing
+        # ``budget``, ``client_budgets`` or ``accountant`` later, or checking against
+        # another budget, never returns a stale number. Reset per client by ``record``.
+        self._spent: dict[str, dict[tuple[AccountantKind, float], float]] = {}
 
     # --- queries --------------------------------------------------------------------
     def budget_for(self, client: str) -> Budget:
@@ -107,72 +143,88 @@ class PrivacyLedger:
         return self.client_budgets.get(client, self.budget)
 
     def clients(self) -> list[str]:
-        """Client ids with at least one recorded round, sorted."""
-        return sorted(self._rounds)
+        """Client ids with at least one recorded entry, sorted."""
+        return sorted(self._entries)
 
-    def rounds(self, client: str) -> dict[int, tuple[DpEvent, ...]]:
-        """{round: events} recorded for ``client`` (a copy)."""
-        return dict(self._rounds.get(client, {}))
+    def entries(self, client: str) -> dict[str, tuple[DpEvent, ...]]:
+        """{entry key: events} recorded for ``client``, in recorded order (a copy)."""
+        return dict(self._entries.get(client, {}))
+
+    def has_entry(self, client: str, entry: str) -> bool:
+        """Is ``entry`` recorded for ``client``?"""
+        return entry in self._entries.get(client, {})
 
     def events(self, client: str) -> tuple[DpEvent, ...]:
-        """All events of ``client`` in round order."""
-        return tuple(e for _, evs in sorted(self._rounds.get(client, {}).items()) for e in evs)
+        """All events of ``client`` in recorded order."""
+        return tuple(e for evs in self._entries.get(client, {}).values() for e in evs)
 
-    def _epsilon(self, client: str, events: tuple[DpEvent, ...]) -> float:
+    def _epsilon(self, events: tuple[DpEvent, ...], delta: float) -> float:
         if not events:
             return 0.0
-        acc = make_accountant(self.accountant).compose(merge_events(events))
-        return acc.epsilon(self.budget_for(client).delta)
+        return make_accountant(self.accountant).compose(merge_events(events)).epsilon(delta)
+
+    def _spent_at(self, client: str, delta: float) -> float:
+        cache = self._spent.setdefault(client, {})
+        key = (self.accountant, delta)
+        if key not in cache:
+            cache[key] = self._epsilon(self.events(client), delta)
+        return cache[key]
 
     def spent(self, client: str) -> float:
         """ε spent by ``client`` at its budget's δ (cached)."""
-        if client not in self._spent:
-            self._spent[client] = self._epsilon(client, self.events(client))
-        return self._spent[client]
+        return self._spent_at(client, self.budget_for(client).delta)
+
+    def spent_at(self, client: str, delta: float) -> float:
+        """ε spent by ``client`` at ``delta``."""
+        _check_delta(delta)
+        return self._spent_at(client, delta)
 
     def remaining(self, client: str) -> float:
         """Budget ε minus spent ε, floored at 0."""
         return max(0.0, self.budget_for(client).epsilon - self.spent(client))
 
-    def can_afford(self, client: str, events: Events) -> bool:
-        """Would recording ``events`` keep ``client`` within its budget?"""
-        after = self._epsilon(client, self.events(client) + _as_tuple(events))
-        return after <= self.budget_for(client).epsilon
+    def can_afford(self, client: str, events: Events, budget: Budget | None = None) -> bool:
+        """Would recording ``events`` keep ``client`` within ``budget`` (default: its own,
+        ``budget_for(client)``)? ε is computed at that budget's δ."""
+        limit = self.budget_for(client) if budget is None else budget
+        _check_budget(limit)
+        after = self._epsilon(self.events(client) + _as_tuple(events), limit.delta)
+        return after <= limit.epsilon
 
     # --- mutation -------------------------------------------------------------------
-    def record(self, client: str, round: int, events: Events) -> bool:
-        """Record ``events`` of ``client`` in ``round``; False if that round is already
-        recorded with the same events (a retried report). Raises ``LedgerError`` if it
-        was recorded with different events and ``BudgetExceededError`` if the events
-        would exceed the budget — in both cases the ledger is unchanged."""
-        if not isinstance(client, str):
-            raise TypeError(f"client id must be a str, got {client!r}")
-        if not isinstance(round, int) or isinstance(round, bool) or round < 0:
-            raise ValueError(f"round must be an integer >= 0, got {round!r}")
+    def record(self, client: str, entry: str, events: Events, budget: Budget | None = None) -> bool:
+        """Record ``events`` of ``client`` under the key ``entry``; False if that entry is
+        already recorded with the same events (a retried report). Raises ``LedgerError`` if
+        it was recorded with different events and ``BudgetExceededError`` if the events
+        would exceed ``budget`` (default: ``budget_for(client)``; ε at its δ) — in both
+        cases the ledger is unchanged."""
+        _check_client(client)
+        _check_entry(entry)
+        limit = self.budget_for(client) if budget is None else budget
+        _check_budget(limit)
         new = _as_tuple(events)
-        previous = self._rounds.get(client, {}).get(round)
+        previous = self._entries.get(client, {}).get(entry)
         if previous is not None:
             if previous != new:
                 raise LedgerError(
-                    f"client {client!r} round {round} was already recorded with different events: "
+                    f"client {client!r} entry {entry!r} was already recorded with different events: "
                     f"{previous!r} != {new!r}"
                 )
             return False
-        before = self.spent(client)
-        after = self._epsilon(client, self.events(client) + new)
-        limit = self.budget_for(client)
+        before = self._spent_at(client, limit.delta)
+        after = self._epsilon(self.events(client) + new, limit.delta)
         if after > limit.epsilon:
             raise BudgetExceededError(
                 f"client {client!r}: spent epsilon {before:.4g} would become {after:.4g}, "
                 f"over its budget epsilon {limit.epsilon:g} (delta {limit.delta:g}, {self.accountant.value})"
             )
-        self._rounds.setdefault(client, {})[round] = new
-        self._spent[client] = after
+        self._entries.setdefault(client, {})[entry] = new
+        self._spent[client] = {(self.accountant, limit.delta): after}
         return True
 
     # --- persistence ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The versioned JSON form."""
+        """The versioned JSON form (schema version 2)."""
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
@@ -180,28 +232,39 @@ class PrivacyLedger:
             "budget": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
             "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta} for c, b in sorted(self.client_budgets.items())},
             "clients": {
-                c: [{"round": r, "events": [event_to_dict(e) for e in evs]} for r, evs in sorted(rounds.items())]
-                for c, rounds in sorted(self._rounds.items())
+                c: [{"entry": key, "events": [event_to_dict(e) for e in evs]} for key, evs in entries.items()]
+                for c, entries in sorted(self._entries.items())
             },
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> PrivacyLedger:
-        """Inverse of ``to_dict``; raises ``LedgerError`` naming what is wrong."""
+        """Inverse of ``to_dict``; also reads version 1 (``{"round": r, ...}`` entries
+        become entry key ``str(r)``, in round order). Raises ``LedgerError`` naming what is
+        wrong."""
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise LedgerError("not a fedpriv privacy ledger (missing or wrong 'schema')")
-        if data.get("version") != SCHEMA_VERSION:
-            raise LedgerError(f"unsupported ledger version {data.get('version')!r} (expected {SCHEMA_VERSION})")
+        version = data.get("version")
+        if type(version) is not int or version not in (1, SCHEMA_VERSION):
+            raise LedgerError(f"unsupported ledger version {version!r} (expected 1 or {SCHEMA_VERSION})")
         try:
             ledger = cls(
                 Budget(**data["budget"]),
                 data["accountant"],
                 {c: Budget(**b) for c, b in data.get("client_budgets", {}).items()},
             )
-            for client, rounds in data["clients"].items():
-                for entry in rounds:
-                    events = tuple(event_from_dict(e) for e in entry["events"])
-                    ledger._rounds.setdefault(client, {})[int(entry["round"])] = events
+            for client, items in data["clients"].items():
+                _check_client(client)
+                keyed = [_read_entry(item, version) for item in items]
+                if version == 1:
+                    keyed.sort(key=lambda pair: int(pair[0]))
+                entries: dict[str, tuple[DpEvent, ...]] = {}
+                for key, events in keyed:
+                    if key in entries:
+                        raise ValueError(f"client {client!r} has entry {key!r} twice")
+                    entries[key] = events
+                if entries:
+                    ledger._entries[client] = entries
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise LedgerError(f"corrupt ledger: {err}") from err
         return ledger
@@ -215,8 +278,14 @@ class PrivacyLedger:
         """Read a ledger written by ``save``; ``LedgerError`` if missing or corrupt."""
         try:
             text = Path(path).read_text(encoding="utf-8")
-        except OSError as err:
-            raise LedgerError(f"cannot read ledger file {str(path)!r}: {err.strerror or err}") from err
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise LedgerError(f"cannot read ledger file {str(path)!r}: {reason}") from err
+        return cls.from_json(text, path)
+
+    @classmethod
+    def from_json(cls, text: str, path: str | os.PathLike[str] = "<string>") -> PrivacyLedger:
+        """Parse the JSON text of a ledger file (``path`` only names it in errors)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -227,3 +296,20 @@ class PrivacyLedger:
         return isinstance(other, PrivacyLedger) and self.to_dict() == other.to_dict()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _read_entry(item: Any, version: int) -> tuple[str, tuple[DpEvent, ...]]:
+    if not isinstance(item, dict):
+        raise TypeError(f"an entry must be an object, got {item!r}")
+    if version == 1:
+        r = item["round"]
+        if type(r) is not int or r < 0:
+            raise ValueError(f"round must be an integer >= 0, got {r!r}")
+        key = str(r)
+    else:
+        key = item["entry"]
+        _check_entry(key)
+    events = item["events"]
+    if not isinstance(events, list):
+        raise TypeError(f"events of entry {key!r} must be a list, got {events!r}")
+    return key, tuple(event_from_dict(e) for e in events)

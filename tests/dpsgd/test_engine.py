@@ -133,15 +133,58 @@ def test_any_optimizer_receives_the_privatised_gradient(data):
     torch.testing.assert_close(flat_params(adam_model), flat_params(reference), rtol=1e-4, atol=1e-6)
 
 
-def test_secure_mode_needs_no_generator_and_is_not_reproducible(data):
+def secure_run(model, data, sigma=1.0, **generators_passed):
+    return train_dpsgd(
+        model, *data, config=DPSGDConfig(sigma, 1.0, 0.25, secure_mode=True), steps=1,
+        optimizer=torch.optim.SGD(model.parameters(), lr=1.0), **generators_passed,
+    )
+
+
+@pytest.mark.parametrize("sigma", [1.0, 0.0])
+def test_secure_mode_needs_no_generator_and_is_not_reproducible(sigma, data):
+    """σ = 0: the lots alone differ, so they too come from the CSPRNG, not a fixed stream."""
     first, second = build("mlp"), build("mlp")
     for model in (first, second):
-        train_dpsgd(
-            model, *data, config=DPSGDConfig(1.0, 1.0, 0.25, secure_mode=True), steps=1,
-            optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
-            sampling_generator=torch.Generator().manual_seed(1),
-        )
+        secure_run(model, data, sigma)
     assert not torch.equal(flat_params(first), flat_params(second))
+
+
+@pytest.mark.parametrize("passed", ["sampling_generator", "noise_generator"])
+def test_secure_mode_refuses_generators_it_would_not_use(passed, data):
+    with pytest.raises(ValueError, match="secure_mode"):
+        secure_run(build("mlp"), data, **{passed: torch.Generator().manual_seed(0)})
+
+
+def test_without_secure_mode_a_sampling_generator_is_required(data):
+    model = build("mlp")
+    with pytest.raises(ValueError, match="sampling_generator"):
+        train_dpsgd(model, *data, config=DPSGDConfig(0.0, 1.0, 0.25), steps=1,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_expected_lot_size_is_the_divisor_of_the_noisy_sum(mode, data):
+    """Same lots and noise: the update scales as 1 / expected_lot_size; the default is q·N."""
+    q, n = 0.25, len(data[0])
+    updates = {}
+    for divisor in (None, q * n, 3.0 * q * n):
+        model = build("cnn")
+        before = flat_params(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        train_dpsgd(model, *data, config=DPSGDConfig(1.0, 0.5, q, grad_sample_mode=mode), steps=1,
+                    optimizer=optimizer, expected_lot_size=divisor, **generators())
+        updates[divisor] = before - flat_params(model)
+    assert torch.equal(updates[None], updates[q * n])
+    torch.testing.assert_close(updates[3.0 * q * n], updates[None] / 3, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "16"])
+def test_expected_lot_size_must_be_finite_and_positive(bad, data):
+    model = build("mlp")
+    with pytest.raises(ValueError, match="expected_lot_size"):
+        train_dpsgd(model, *data, config=DPSGDConfig(1.0, 0.5, 0.25), steps=1,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=1.0), expected_lot_size=bad,
+                    **generators())
 
 
 @pytest.mark.parametrize("mode", MODES)

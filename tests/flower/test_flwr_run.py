@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fedpriv.federation.policy import POLICY_ENV
+from fedpriv.privacy import GaussianEvent, PrivacyLedger
 from simulations._federated import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
@@ -44,9 +46,13 @@ def _superlink(tmp_path: Path, simulation: bool):
         f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
     # BIN first on PATH: the SuperLink starts flower-superexec by name, even from an
-    # interpreter whose venv is not activated.
+    # interpreter whose venv is not activated. The simulated nodes' policy (their
+    # operator's) reaches them through the environment the SuperLink passes on.
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'epsilon-budget = 100.0\nstate-dir = "{tmp_path}/nodes/{{partition-id}}"\n'
+                      'public-num-examples = true\n')
     env = {**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT),
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", POLICY_ENV: str(policy)}
     log = (tmp_path / "superlink.log").open("w")
     process = subprocess.Popen(
         [BIN / "flower-superlink", "--insecure", *(["--simulation"] if simulation else []),
@@ -95,11 +101,16 @@ def test_flwr_run_one_round_two_supernodes(superlink, tmp_path, shared_data_dir)
     assert results["rounds"][0]["failed"] == {} and results["rounds"][0]["rejected"] == {}
 
 
-def _supernode(env: dict, superlink_port: int, partition: int, log: Path) -> subprocess.Popen:
+def _supernode(env: dict, superlink_port: int, partition: int, tmp_path: Path) -> subprocess.Popen:
+    """A SuperNode with its own policy on its command line (and none in its environment);
+    it releases its N as a DP count (the default)."""
+    node_config = (f"partition-id={partition} num-partitions=2 epsilon-budget=100.0 "
+                   f"state-dir='{tmp_path}/deployed{partition}'")
+    env = {k: v for k, v in env.items() if k != POLICY_ENV}
     return subprocess.Popen(
         [BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{superlink_port}",
-         "--port", str(_free_port()), "--node-config", f"partition-id={partition} num-partitions=2"],
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+         "--port", str(_free_port()), "--node-config", node_config],
+        env=env, stdout=(tmp_path / f"node{partition}.log").open("w"), stderr=subprocess.STDOUT,
     )
 
 
@@ -109,7 +120,7 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
     run_config = (f"rounds=3 min-clients=1 limit-train=400 limit-test=300 lot-size=50 noise-multiplier=1.0 "
                   f"data-dir='{shared_data_dir}' out='{out}'")
     with _superlink(tmp_path, simulation=False) as (env, port):
-        nodes = [_supernode(env, port, 0, tmp_path / "node0.log")]
+        nodes = [_supernode(env, port, 0, tmp_path)]
         try:
             run_log = tmp_path / "run.log"
             with run_log.open("w") as log:
@@ -120,7 +131,7 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
                 while "configure_train: 1 of 1" not in run_log.read_text():
                     assert run.poll() is None and time.monotonic() < deadline, run_log.read_text()[-3000:]
                     time.sleep(0.2)
-                nodes.append(_supernode(env, port, 1, tmp_path / "node1.log"))
+                nodes.append(_supernode(env, port, 1, tmp_path))
                 assert run.wait(timeout=240) == 0, run_log.read_text()[-3000:]
         finally:
             for node in nodes:
@@ -133,3 +144,9 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
     assert all(p == ["0", "1"] for p in participants[joined:])
     assert 0 < float(results["final_epsilon"]["1"]) < float(results["final_epsilon"]["0"])
     assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
+    # each node kept its own durable ledger: the DP count of N, then one entry per round
+    for partition, rounds in (("0", 3), ("1", 3 - joined)):
+        node = PrivacyLedger.load(tmp_path / f"deployed{partition}" / "ledger.json")
+        entries = list(node.entries(partition))
+        assert entries[0].startswith("release/num-examples/") and len(entries) == 1 + rounds
+        assert node.entries(partition)[entries[0]] == (GaussianEvent(20.0),)

@@ -1,4 +1,5 @@
-"""BudgetedFedAvg with a mocked grid and hand-made replies (Prepare / Execute / Assert)."""
+"""BudgetedFedAvg with a mocked grid and hand-made replies, played as a malicious client:
+every reply is untrusted input (Prepare / Execute / Assert)."""
 
 from unittest.mock import Mock
 
@@ -6,10 +7,15 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from clients import protocol
-from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event, epsilon_of
+from fedpriv.federation import protocol
+from fedpriv.privacy import Budget, dpsgd_event, epsilon_of
+from fedpriv.training import TrainingPlan
+from fedpriv.federation.settings import RunSettings
+from server.assign import Assigner, Assignment
+from server.discovery import ClientInfo
 from server.history import History, epsilon_summary
-from server.strategy import Assignment, BudgetedFedAvg, BudgetExhausted
+from server.ledger import ServerLedger
+from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -17,13 +23,18 @@ EVENTS = (dpsgd_event(2.0, 1.0, 3),)  # q = 1: cheap for the RDP accountant
 # a budget between the ε of one and of two rounds: one round fits, two do not
 BUDGET = (epsilon_of(EVENTS[0], 1e-5) + epsilon_of(dpsgd_event(2.0, 1.0, 6), 1e-5)) / 2
 ARRAYS = ArrayRecord([np.zeros(3, dtype=np.float32)])
+PLAN = TrainingPlan(model="cnn", lot_size=10, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
+RUN = "run-test"
 
 
-def _strategy(tmp_path, budget=10.0, clients=("0", "1", "2")):
-    ledger = PrivacyLedger(Budget(epsilon=budget, delta=1e-5), accountant="rdp")
-    nodes = {100 + int(c): Assignment(c, 50, {"noise-multiplier": 1.0 + int(c)}, EVENTS) for c in clients}
-    history = History(settings={})
-    return BudgetedFedAvg(ledger, nodes, history, ledger_path=tmp_path / "ledger.json"), ledger
+def _assignment(cid: str, weight: float = 50.0) -> Assignment:
+    return Assignment(cid, 50, {"noise-multiplier": 1.0 + int(cid)}, EVENTS, weight, PLAN)
+
+
+def _strategy(tmp_path, budget=10.0, clients=("0", "1", "2"), weights=None, durable=True):
+    ledger = ServerLedger(Budget(epsilon=budget, delta=1e-5), tmp_path / "state" / "ledger.json" if durable else None)
+    nodes = {100 + int(c): _assignment(c, (weights or {}).get(c, 50.0)) for c in clients}
+    return BudgetedFedAvg(ledger, nodes, History(settings={}), RUN), ledger
 
 
 def _grid(nodes):
@@ -32,79 +43,140 @@ def _grid(nodes):
     return grid
 
 
-def _reply(msg, value, events=EVENTS, num_examples=50):
+def _send(strategy, server_round=1):
+    """configure_train, then give each message an id as a Grid's push does."""
+    messages = list(strategy.configure_train(server_round, ARRAYS, ConfigRecord(), _grid(strategy.nodes)))
+    for i, m in enumerate(messages):
+        m.metadata.__dict__["_message_id"] = f"m{server_round}-{i}"
+    return {m.metadata.dst_node_id: m for m in messages}
+
+
+def _reply(msg, value, events=EVENTS, entry=None, extra=None):
     content = RecordDict({
         protocol.ARRAYS: ArrayRecord([np.full(3, value, dtype=np.float32)]),
-        protocol.METRICS: MetricRecord({protocol.NUM_EXAMPLES: num_examples, protocol.TRAIN_LOSS: 1.0}),
-        protocol.PRIVACY: protocol.events_record("x", events),
+        protocol.PRIVACY: protocol.events_record(entry or protocol.train_entry(RUN, 1), events),
+        **(extra or {}),
     })
-    return Message(content, reply_to=msg)
+    reply = Message(content, reply_to=msg)
+    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    return reply
 
 
-def test_client_over_budget_is_not_sampled(tmp_path):
+def _aggregate(strategy, replies, server_round=1):
+    arrays, _ = strategy.aggregate_train(server_round, replies)
+    return None if arrays is None else next(iter(arrays.values())).numpy()
+
+
+def test_client_over_budget_is_not_sampled_and_the_round_is_booked_on_send(tmp_path):
     # Prepare: client "1" has already spent most of its budget
     strategy, ledger = _strategy(tmp_path, budget=BUDGET)
-    ledger.record("1", 1, EVENTS)
-    assert not ledger.can_afford("1", EVENTS) and ledger.can_afford("0", EVENTS)
-    # Execute
-    messages = list(strategy.configure_train(2, ARRAYS, ConfigRecord({"lr": 0.1}), _grid(strategy.nodes)))
-    # Assert: only clients 0 and 2, each with its own σ, the round, and the caller's keys
-    assert sorted(m.metadata.dst_node_id for m in messages) == [100, 102]
-    configs = {m.metadata.dst_node_id: m.content.config_records[protocol.CONFIG] for m in messages}
-    assert configs[102]["noise-multiplier"] == 3.0 and configs[102][protocol.SERVER_ROUND] == 2
-    assert configs[100]["lr"] == 0.1
-
-
-def test_caller_config_not_mutated(tmp_path):
-    strategy, _ = _strategy(tmp_path)
-    config = ConfigRecord({"lr": 0.1})
-    list(strategy.configure_train(1, ARRAYS, config, _grid(strategy.nodes)))
-    assert dict(config) == {"lr": 0.1}
+    with ledger.transaction() as book:
+        book.record("1", "earlier", EVENTS)
+    # Execute: no reply ever comes back
+    messages = _send(strategy, 2)
+    # Assert: only clients 0 and 2, each with its plan, the round and the run key; both
+    # are charged in the durable ledger before any reply (a lost reply still counts)
+    assert sorted(messages) == [100, 102]
+    config = messages[102].content.config_records[protocol.CONFIG]
+    assert config["noise-multiplier"] == 3.0 and config[protocol.SERVER_ROUND] == 2 and config[protocol.RUN_KEY] == RUN
+    on_disk = ServerLedger(Budget(BUDGET, 1e-5), tmp_path / "state" / "ledger.json").snapshot()
+    assert on_disk.entries("0") == {protocol.train_entry(RUN, 2): EVENTS}
+    assert on_disk.spent("0") == pytest.approx(epsilon_of(EVENTS[0], 1e-5))
 
 
 def test_no_affordable_client_stops_the_run(tmp_path):
     strategy, ledger = _strategy(tmp_path, budget=BUDGET, clients=("0",))
-    ledger.record("0", 1, EVENTS)
+    with ledger.transaction() as book:
+        book.record("0", "earlier", EVENTS)
     with pytest.raises(BudgetExhausted, match="no client can afford"):
         strategy.configure_train(2, ARRAYS, ConfigRecord(), _grid(strategy.nodes))
 
 
-def test_refusal_and_mismatch_do_not_stop_aggregation(tmp_path):
-    # Prepare: three sampled clients; 0 trains honestly, 1 refuses, 2 under-reports σ
+def test_a_resent_round_is_not_booked_twice(tmp_path):
+    strategy, ledger = _strategy(tmp_path, budget=BUDGET)
+    _send(strategy, 1)
+    _send(strategy, 1)  # a resumed run re-sends round 1 under the same entry
+    assert ledger.snapshot().entries("0") == {protocol.train_entry(RUN, 1): EVENTS}
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (np.nan, "non-finite"),
+    (np.inf, "non-finite"),
+    (1e12, "exceeds the plan's bound"),
+])
+def test_non_finite_and_huge_updates_are_rejected(tmp_path, bad, reason):
+    strategy, _ = _strategy(tmp_path)
+    messages = _send(strategy)
+    result = _aggregate(strategy, [_reply(messages[100], 2.0), _reply(messages[101], bad), _reply(messages[102], 2.0)])
+    np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
+    assert reason in strategy.history.rounds[-1].rejected["1"]
+
+
+def test_reported_weights_are_ignored_and_the_servers_own_are_used(tmp_path):
+    # A malicious client reports num-examples = 1e9 (declared 50) in an extra record
+    strategy, _ = _strategy(tmp_path, clients=("0", "1"), weights={"0": 30.0, "1": 10.0})
+    messages = _send(strategy)
+    forged = _reply(messages[101], 4.0, extra={"metrics": MetricRecord({protocol.NUM_EXAMPLES: 1e9})})
+    assert _aggregate(strategy, [_reply(messages[100], 1.0), forged]) == pytest.approx([1.0] * 3)
+    assert "expected exactly the records" in strategy.history.rounds[-1].rejected["1"]
+    # honest replies weigh by the server's own weights, 30 against 10
+    strategy, _ = _strategy(tmp_path / "2", clients=("0", "1"), weights={"0": 30.0, "1": 10.0})
+    messages = _send(strategy)
+    result = _aggregate(strategy, [_reply(messages[100], 1.0), _reply(messages[101], 4.0)])
+    np.testing.assert_allclose(result, np.full(3, (30 * 1.0 + 10 * 4.0) / 40))
+
+
+def test_duplicate_and_stale_replies_are_not_aggregated(tmp_path):
+    strategy, _ = _strategy(tmp_path, clients=("0", "1"))
+    round1 = _send(strategy, 1)
+    _aggregate(strategy, [_reply(round1[100], 1.0), _reply(round1[101], 1.0)], 1)
+    round2 = _send(strategy, 2)
+    entry2 = protocol.train_entry(RUN, 2)
+    honest = _reply(round2[100], 2.0, entry=entry2)
+    stale = _reply(round1[101], 100.0)  # client 1's round-1 reply, delivered again in round 2
+    result = _aggregate(strategy, [honest, honest, stale], 2)  # and client 0's reply twice
+    np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
+    assert strategy.history.rounds[-1].rejected == {"0": "duplicate reply"}
+
+
+def test_refusals_and_mismatched_events_are_not_aggregated(tmp_path):
     strategy, ledger = _strategy(tmp_path)
-    messages = {m.metadata.dst_node_id: m for m in
-                strategy.configure_train(1, ARRAYS, ConfigRecord(), _grid(strategy.nodes))}
+    messages = _send(strategy)
     replies = [
         _reply(messages[100], 2.0),
         Message(Error(code=protocol.REFUSAL_CODE, reason="over my budget"), reply_to=messages[101]),
-        _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),)),
+        _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),)),  # under-reports its cost
     ]
-    # Execute
-    arrays, _ = strategy.aggregate_train(1, replies)
-    # Assert: only client 0's update is aggregated; 0 and 2 are booked (their updates
-    # reached the server), the refusing client is not; the ledger file is written
-    np.testing.assert_array_equal(next(iter(arrays.values())).numpy(), np.full(3, 2.0, np.float32))
+    replies[1].metadata.__dict__["_src_node_id"] = 101
+    result = _aggregate(strategy, replies)
+    np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
     log = strategy.history.rounds[-1]
     assert set(log.failed) == {"1"} and set(log.rejected) == {"2"}
-    assert ledger.spent("0") == ledger.spent("2") > 0 == ledger.spent("1")
-    assert PrivacyLedger.load(tmp_path / "ledger.json") == ledger
-    assert log.epsilon["0"] == ledger.spent("0")
+    # booked on send: all three, the refusing client included
+    assert ledger.snapshot().spent("0") == ledger.snapshot().spent("1") == ledger.snapshot().spent("2") > 0
 
 
-def test_weighted_by_num_examples(tmp_path):
-    strategy, _ = _strategy(tmp_path, clients=("0", "1"))
-    messages = sorted(strategy.configure_train(1, ARRAYS, ConfigRecord(), _grid(strategy.nodes)),
-                      key=lambda m: m.metadata.dst_node_id)
-    replies = [_reply(messages[0], 1.0, num_examples=30), _reply(messages[1], 4.0, num_examples=10)]
-    arrays, _ = strategy.aggregate_train(1, replies)
-    np.testing.assert_allclose(next(iter(arrays.values())).numpy(), np.full(3, 1.75))
+def test_no_accepted_update_keeps_the_model(tmp_path):
+    strategy, _ = _strategy(tmp_path, clients=("0",))
+    messages = _send(strategy)
+    assert _aggregate(strategy, [_reply(messages[100], np.nan)]) is None
+
+
+def test_a_claimed_huge_n_moves_the_shared_rate_by_a_bounded_factor():
+    honest = {1: ClientInfo("0", 5000), 2: ClientInfo("1", 5000), 3: ClientInfo("2", 6000)}
+    liar = {**honest, 4: ClientInfo("3", 10**9)}  # its N was 50
+    settings = RunSettings(rounds=1, noise_multiplier=1.0)
+    q_honest = Assigner(settings, honest).plan.shared_sample_rate
+    assigner = Assigner(settings, liar)
+    # the liar counts at most 4 × the lower median (5000): ΣN grows from 16000 to 36000
+    assert assigner.plan.shared_sample_rate == pytest.approx(q_honest * 16000 / 36000)
+    assignments = assigner(liar)
+    assert assignments[4].weight == 20000.0
+    assert assignments[1].plan.steps_per_round(5000) == round(36000 / 4096)  # not 10**9 / 4096
 
 
 def test_epsilon_summary_reports_count_and_spread():
-    # Act
-    line = epsilon_summary([3.0, 0.5, float("inf"), 1.0])
-    # Assert
-    assert line == "4 clients, min 0.5000, median 2.0000, max inf"
+    assert epsilon_summary([3.0, 0.5, float("inf"), 1.0]) == "4 clients, min 0.5000, median 2.0000, max inf"
     assert epsilon_summary([]) == "no client has spent privacy"
 
 
@@ -117,18 +189,21 @@ def test_nodes_that_connect_later_join_and_a_reconnecting_client_keeps_its_ledge
     def admit(grid, node_ids):
         admitted.append(node_ids)
         claims = {103: "3", 104: "0", 105: "1"}
-        return {n: Assignment(claims[n], 50, {"noise-multiplier": 1.0}, EVENTS) for n in node_ids if n in claims}
+        return {n: _assignment(claims[n]) for n in node_ids if n in claims}
 
-    ledger = PrivacyLedger(Budget(epsilon=BUDGET, delta=1e-5), accountant="rdp")
-    nodes = {100 + int(c): Assignment(c, 50, {"noise-multiplier": 1.0}, EVENTS) for c in ("0", "1", "2")}
-    strategy = BudgetedFedAvg(ledger, nodes, History(settings={}), admit=admit)
-    ledger.record("0", 1, EVENTS)  # client 0 cannot afford a second round
+    ledger = ServerLedger(Budget(epsilon=BUDGET, delta=1e-5))
+    nodes = {100 + int(c): _assignment(c) for c in ("0", "1", "2")}
+    strategy = BudgetedFedAvg(ledger, nodes, History(settings={}), RUN, admit=admit)
+    with ledger.transaction() as book:
+        book.record("0", "earlier", EVENTS)  # client 0 cannot afford a second round
     # Execute
     messages = strategy.configure_train(2, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
-    strategy.configure_train(3, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
+    with pytest.raises(BudgetExhausted):  # round 2 spent every budget
+        strategy.configure_train(3, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
     # Assert: 103 joined; 104 replaced 100 as client "0" and, being over budget, is not
     # sampled; 105 was ignored; each new node was asked once
     assert sorted(m.metadata.dst_node_id for m in messages) == [101, 102, 103]
     assert {n: a.client_id for n, a in strategy.nodes.items()} == {101: "1", 102: "2", 103: "3", 104: "0"}
     assert sorted(strategy.history.clients) == ["0", "1", "2", "3"]
     assert admitted == [[103, 104, 105, 106]]
+    assert ledger.snapshot().entries("3") == {protocol.train_entry(RUN, 2): EVENTS}

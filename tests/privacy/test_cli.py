@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event
+from fedpriv.privacy import Budget, GaussianEvent, PrivacyLedger, dpsgd_event
 from fedpriv.privacy.__main__ import main
 
 
@@ -40,14 +40,18 @@ def test_sigma_json(capsys):
 
 def test_ledger_show(tmp_path, capsys):
     ledger = PrivacyLedger(Budget(8.0, 1e-5), "rdp")
-    ledger.record("alice", 1, dpsgd_event(1.1, 0.01, 100))
+    ledger.record("alice", "run-1/round-1/train", dpsgd_event(1.1, 0.01, 100))
+    ledger.record("alice", "release/num-examples/ab12", [GaussianEvent(50.0), GaussianEvent(60.0)])
     ledger.save(tmp_path / "l.json")
     assert main(["ledger", "show", str(tmp_path / "l.json")]) == 0
-    table = capsys.readouterr().out
-    assert "alice" in table and "remaining" in table
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[:3] == ["client", "entries", "events"] and "remaining" in table[1]
+    assert table[2].split()[:3] == ["alice", "2", "3"]
     assert main(["ledger", "show", str(tmp_path / "l.json"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["clients"][0]["client"] == "alice"
+    row = data["clients"][0]
+    assert row["client"] == "alice" and row["entries"] == 2 and row["events"] == 3 and "rounds" not in row
+    assert row["epsilon_spent"] == ledger.spent("alice")
 
 
 @pytest.mark.parametrize(

@@ -35,16 +35,23 @@ def test_calibration_round_trips(target, q, n, kind):
 @FAST
 @given(
     budget=st.floats(0.5, 5.0),
-    rounds=st.lists(st.tuples(sigmas, st.floats(0.01, 0.1), st.integers(1, 300)), min_size=1, max_size=6),
+    entries=st.lists(
+        st.tuples(st.text(min_size=1, max_size=12), sigmas, st.floats(0.01, 0.1), st.integers(1, 300)),
+        min_size=1, max_size=6, unique_by=lambda t: t[0],
+    ),
 )
-def test_ledger_never_records_past_its_budget_and_round_trips(tmp_path_factory, budget, rounds):
+def test_ledger_never_records_past_its_budget_and_round_trips(tmp_path_factory, budget, entries):
     ledger = PrivacyLedger(Budget(budget, 1e-5), "zcdp")
-    for r, (sigma, q, n) in enumerate(rounds):
+    recorded = []
+    for key, sigma, q, n in entries:
         try:
-            ledger.record("c", r, dpsgd_event(sigma, q, n))
+            assert ledger.record("c", key, dpsgd_event(sigma, q, n))
+            recorded.append(key)
         except BudgetExceededError:
-            pass
+            assert not ledger.has_entry("c", key)
         assert ledger.spent("c") <= budget
+    assert list(ledger.entries("c")) == recorded
     path = tmp_path_factory.mktemp("ledger") / "ledger.json"
     ledger.save(path)
-    assert PrivacyLedger.load(path) == ledger
+    loaded = PrivacyLedger.load(path)
+    assert loaded == ledger and list(loaded.entries("c")) == recorded

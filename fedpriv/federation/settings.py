@@ -4,9 +4,11 @@ The same keys are ``[tool.flwr.app.config]`` in ``pyproject.toml`` (defaults for
 ``flwr run .``), ``--run-config`` overrides, and the flags of ``python -m simulations.*``
 (``--local-epochs`` ↔ ``local-epochs``). TOML has no null, so "unset" is spelled
 ``0`` (or ``-1`` for the noise multiplier, where 0 means non-private) or ``""``.
-Both apps read it: the server for the plan and the budget, each client for its data
-partition and for its *own* budget (``client-epsilon-budget``, which a SuperNode's
-``--node-config`` can lower: the client trusts no server).
+
+The run config belongs to the server. A client reads it for what the server may decide
+(which data partition, the plan) and as a *request* to tighten its own policy
+(``client-epsilon-budget``, ``delta``), never to loosen it: budgets, δ, randomness and
+what may be released are the node's (``fedpriv.federation.policy``).
 """
 
 from __future__ import annotations
@@ -26,22 +28,6 @@ class Partition(str, Enum):
     IID = "iid"
     DIRICHLET = "dirichlet"
     SHARD = "shard"
-
-
-class LocalRandomness(str, Enum):
-    """Where a client's DP-SGD randomness (Poisson lots, Gaussian noise) comes from.
-
-    ``secure`` (the default for deployments): lots from a fresh secret seed, noise from the
-    OS CSPRNG (``secure_mode``): nobody, the server included, can reproduce or strip it.
-    ``run-seed`` (what ``python -m simulations.*`` use): both are derived from the run's
-    ``seed``, so runs are reproducible — but whoever knows the seed, the server included,
-    can regenerate the noise and subtract it: **simulation only**. A SuperNode operator
-    may instead set ``local-seed`` in ``--node-config`` for noise that is reproducible to
-    them and secret from the server.
-    """
-
-    SECURE = "secure"
-    RUN_SEED = "run-seed"
 
 
 DATASETS = ("mnist", "cifar10")
@@ -74,12 +60,13 @@ class RunSettings:
     partition: Partition = Partition.IID
     alpha: float = 0.5
     seed: int = 0
-    local_randomness: LocalRandomness = LocalRandomness.SECURE
     limit_train: int | None = None
     limit_test: int | None = None
     data_dir: str | None = None
     download: bool = False
     out: str | None = None
+    state_dir: str | None = None
+    resume: bool = False
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -103,16 +90,13 @@ class RunSettings:
             raise SettingsError(f"fraction-evaluate must be in [0, 1], got {self.fraction_evaluate}")
         if self.alpha <= 0:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
+        if self.resume and not self.state_dir:
+            raise SettingsError("resume needs state-dir: the folder of the run to continue")
 
     @property
     def server_budget(self) -> float:
         """ε budget per client in the server's ledger: ``epsilon-budget`` or the target."""
         return self.epsilon_budget or self.target_epsilon or math.inf
-
-    @property
-    def client_budget(self) -> float:
-        """ε budget a client enforces on itself; defaults to the server's."""
-        return self.client_epsilon_budget or self.server_budget
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
@@ -139,17 +123,15 @@ def _parse(field: str, value: Any) -> Any:
     try:
         if field == "partition":
             return Partition(value)
-        if field == "local_randomness":
-            return LocalRandomness(value)
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
-        if field in ("data_dir", "out"):
+        if field in ("data_dir", "out", "state_dir"):
             return str(value) or None
         if field == "model":
             return str(value) or None
         if field == "dataset":
             return str(value)
-        if field == "download":
+        if field in ("download", "resume"):
             if not isinstance(value, bool):
                 raise TypeError
             return value

@@ -1,0 +1,137 @@
+"""Everything a node releases besides model updates, each through a booked Gaussian mechanism.
+
+- The size N of its training partition: a count (sensitivity 1 under add/remove of one
+  record) plus N(0, s²), rounded and floored at 1 (post-processing). It is released once
+  per data partition and stored in the node's state folder, so later runs resend the same
+  value at no extra cost. Each draw has its own ledger entry, booked before the value is
+  stored or sent: a crash can only over-charge.
+- An evaluation: (count, correct, Σ min(loss, L)/L) has L2 sensitivity √3; each gets N(0, s²).
+
+Where the policy says ``public-num-examples``, N is sent as is and books nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedpriv.dpsgd.noise import secure_normal
+from fedpriv.federation.policy import LOSS_CLIP, NodePolicy, Randomness
+from fedpriv.federation.settings import RunSettings
+from fedpriv.files import write_json_atomic
+from fedpriv.privacy import Budget, LedgerError
+from fedpriv.privacy.events import DpEvent, event_from_dict, event_to_dict
+from fedpriv.privacy.store import LedgerStore
+from fedpriv.seeding import generator
+
+
+class Refusal(Exception):
+    """The node will not do what a message asks; the reason goes back to the server."""
+
+
+@dataclass(frozen=True)
+class ReleasedSize:
+    """The N a node sends: its value, whether it is exact, and the entries that paid for it."""
+
+    value: int
+    public: bool
+    entries: Mapping[str, tuple[DpEvent, ...]]
+
+
+def data_key(settings: RunSettings, node_config: Mapping[str, Any]) -> str:
+    """Which records a partition holds, as a short hash of what chooses them."""
+    described = [settings.dataset, settings.partition.value, settings.alpha, settings.seed,
+                 settings.limit_train, str(node_config["partition-id"]), str(node_config["num-partitions"])]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def node_noise(policy: NodePolicy, size: int, std: float, *path: int | str) -> torch.Tensor:
+    """``size`` float64 N(0, std²) draws: OS CSPRNG, or the node's seed and ``path``."""
+    if policy.randomness is Randomness.SECURE:
+        return secure_normal(size, std)
+    gen = generator(policy.seed or 0, "release", *path)
+    return torch.randn(size, dtype=torch.float64, generator=gen) * std
+
+
+def book(policy: NodePolicy, client: str, entry: str, events: tuple[DpEvent, ...], budget: Budget) -> int:
+    """Charge ``events`` to ``client`` under ``entry`` in the node's durable ledger, or raise
+    ``Refusal`` (entry already booked, or over ``budget``). Returns how many entries the
+    client had before: an ordinal that never repeats."""
+    with LedgerStore(policy.ledger_path).transaction(policy.budget, policy.accountant) as ledger:
+        if ledger.has_entry(client, entry):
+            raise Refusal(f"client {client} already ran {entry}; a node never answers one entry twice")
+        if not ledger.can_afford(client, events, budget=budget):
+            raise Refusal(f"client {client} refuses {entry}: it would exceed its budget ε = {budget.epsilon:g} "
+                          f"at δ = {budget.delta:g} (spent ε = {ledger.spent_at(client, budget.delta):.4f})")
+        ordinal = len(ledger.entries(client))
+        ledger.record(client, entry, events, budget=budget)
+    return ordinal
+
+
+def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mapping[str, Any],
+                  client: str, num_examples: int) -> ReleasedSize:
+    """The N this node sends for its partition: exact where public, else its DP count (drawn
+    and booked on first use, then reused)."""
+    if policy.public_num_examples:
+        return ReleasedSize(num_examples, True, {})
+    key = data_key(settings, node_config)
+    stored = _read_releases(policy).get(key)
+    if stored is None:
+        events = (policy.num_examples_event(),)
+        entry = f"release/num-examples/{key}/{secrets.token_hex(4)}"  # one entry per draw
+        ordinal = book(policy, client, entry, events, policy.effective_budget(settings))
+        noise = float(node_noise(policy, 1, policy.num_examples_noise, "num-examples", key, ordinal)[0])
+        stored = {"value": max(1, round(num_examples + noise)), "entry": entry,
+                  "events": [event_to_dict(e) for e in events]}
+        releases = _read_releases(policy)
+        releases[key] = stored
+        write_json_atomic(policy.releases_path, releases)
+    events = tuple(event_from_dict(e) for e in stored["events"])
+    return ReleasedSize(int(stored["value"]), False, {str(stored["entry"]): events})
+
+
+def stored_size(policy: NodePolicy, settings: RunSettings, node_config: Mapping[str, Any],
+                num_examples: int) -> int:
+    """The N this node released for its partition (``Refusal`` if it never did)."""
+    if policy.public_num_examples:
+        return num_examples
+    stored = _read_releases(policy).get(data_key(settings, node_config))
+    if stored is None:
+        raise Refusal("this node has released no size for this data partition: the server must QUERY it first")
+    return int(stored["value"])
+
+
+def _read_releases(policy: NodePolicy) -> dict[str, Any]:
+    try:
+        return json.loads(policy.releases_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as err:
+        raise LedgerError(f"corrupt releases file {policy.releases_path}: {err}") from err
+
+
+@torch.no_grad()
+def noisy_evaluation(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, policy: NodePolicy,
+                     *path: int | str, batch_size: int = 4096) -> dict[str, float]:
+    """(count, correct, clipped loss sum) of ``model`` on the data, each plus N(0, s²)
+    (the loss sum's noise scaled by ``LOSS_CLIP``, its sensitivity)."""
+    model.eval()
+    device = next(model.parameters()).device
+    correct, loss = 0.0, 0.0
+    for start in range(0, len(labels), batch_size):
+        x, y = features[start:start + batch_size].to(device), labels[start:start + batch_size].to(device)
+        logits = model(x)
+        per_example = F.cross_entropy(logits, y, reduction="none")
+        per_example = torch.where(per_example.isfinite(), per_example, LOSS_CLIP).clamp(0, LOSS_CLIP)
+        loss += per_example.sum().item()
+        correct += (logits.argmax(dim=1) == y).sum().item()
+    noise = node_noise(policy, 3, policy.evaluate_noise, "evaluate", *path).tolist()
+    return {"count": len(labels) + noise[0], "correct": correct + noise[1], "loss-sum": loss + LOSS_CLIP * noise[2]}

@@ -1,0 +1,177 @@
+"""A node's privacy policy: what its operator promises the data owner, whatever the server asks.
+
+The server owns the run config; the node owns this. It is read from the SuperNode's
+``--node-config`` (its operator's command line) and from a TOML policy file named there
+(``policy = "/etc/fedpriv/policy.toml"``) or by the environment variable
+``FEDPRIV_NODE_POLICY`` (how a simulation sets the policy of the nodes it simulates);
+``--node-config`` keys win over the file's. Nothing here can come from the server.
+
+Keys (kebab-case, as in ``--node-config``):
+
+- ``epsilon-budget`` (required): the node's total ε over all runs, at ``delta``.
+  ``inf`` is accepted only when written out: an operator's explicit choice.
+- ``state-dir`` (required): where the durable ledger lives (``{partition-id}`` is expanded).
+- ``delta`` (default 1e-5).
+- ``randomness``: ``secure`` (default; lots and noise from the OS CSPRNG) or ``seeded``
+  with ``seed``: reproducible for whoever knows the seed — weaker, since the seed's holder
+  can regenerate and subtract the noise. Seeded streams are mixed with the run id, the
+  round and the node's count of earlier ledger entries, so no two trainings repeat a draw.
+- ``public-num-examples`` (default false): the local data set size N may be sent as is.
+  Otherwise N leaves only as a Gaussian count of std ``num-examples-noise`` (records),
+  booked as ``GaussianEvent(num-examples-noise)`` (sensitivity 1: add/remove one record).
+- ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
+  correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
+- ``accountant`` (default ``rdp``): how the node's ledger composes its events.
+
+The run config may only *tighten*: ``client-epsilon-budget`` and ``delta`` of a run lower
+the node's ε and δ for that run's checks (``effective_budget``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from fedpriv.federation.settings import RunSettings
+from fedpriv.privacy import AccountantKind, Budget, GaussianEvent
+from fedpriv.privacy.events import DpEvent
+
+POLICY_ENV = "FEDPRIV_NODE_POLICY"
+"""Environment variable naming a node's policy file (used by the simulations)."""
+
+EVALUATE_SENSITIVITY = math.sqrt(3)
+"""L2 sensitivity of an evaluation's (count, correct, loss sum / LOSS_CLIP): each ≤ 1."""
+
+LOSS_CLIP = 10.0
+"""Per-example loss is clipped to [0, LOSS_CLIP] before it is summed and released."""
+
+MISSING_HELP = (
+    "set it in the SuperNode's --node-config (e.g. --node-config \"epsilon-budget=2.0 "
+    "state-dir='/var/lib/fedpriv/node0' partition-id=0 num-partitions=2\") or in a policy "
+    f"file named by policy='...' or ${POLICY_ENV}; see docs/threat-model.md"
+)
+
+
+class PolicyError(ValueError):
+    """The node's policy is missing a required key or holds a bad value."""
+
+
+class Randomness(StrEnum):
+    """Where a node's lots and noise come from (see the module docstring)."""
+
+    SECURE = "secure"
+    SEEDED = "seeded"
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """The node's own privacy policy; see the module docstring for each key."""
+
+    epsilon_budget: float
+    state_dir: Path
+    delta: float = 1e-5
+    randomness: Randomness = Randomness.SECURE
+    seed: int | None = None
+    public_num_examples: bool = False
+    num_examples_noise: float = 20.0
+    allow_evaluate: bool = False
+    evaluate_noise: float = 20.0
+    accountant: AccountantKind = AccountantKind.RDP
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon_budget, (int, float)) and self.epsilon_budget > 0):
+            raise PolicyError(f"epsilon-budget must be > 0, got {self.epsilon_budget!r}")
+        if not 0 < self.delta < 1:
+            raise PolicyError(f"delta must be in (0, 1), got {self.delta!r}")
+        for name in ("num_examples_noise", "evaluate_noise"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise PolicyError(f"{name.replace('_', '-')} must be finite and > 0, got {value!r}")
+        if (self.randomness is Randomness.SEEDED) != (self.seed is not None):
+            raise PolicyError("randomness = 'seeded' needs a seed, and a seed needs randomness = 'seeded'")
+
+    @property
+    def budget(self) -> Budget:
+        """The node's own (ε, δ)."""
+        return Budget(epsilon=self.epsilon_budget, delta=self.delta)
+
+    def effective_budget(self, settings: RunSettings) -> Budget:
+        """The budget for a run's checks: the node's, tightened (never loosened) by the run."""
+        epsilon = min(self.epsilon_budget, settings.client_epsilon_budget or math.inf)
+        return Budget(epsilon=epsilon, delta=min(self.delta, settings.delta))
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.state_dir / "ledger.json"
+
+    @property
+    def releases_path(self) -> Path:
+        """Released values that may be sent again at no cost (the DP count of N)."""
+        return self.state_dir / "releases.json"
+
+    def num_examples_event(self) -> DpEvent:
+        """What one release of the DP count of N costs."""
+        return GaussianEvent(self.num_examples_noise)
+
+    def evaluate_event(self) -> DpEvent:
+        """What one answered EVALUATE costs."""
+        return GaussianEvent(self.evaluate_noise / EVALUATE_SENSITIVITY)
+
+
+_KEYS = {f.name.replace("_", "-"): f.name for f in fields(NodePolicy)}
+_KEYS["policy"] = "policy"
+
+
+def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
+    """The node's policy from ``--node-config`` and its policy file; ``PolicyError`` saying
+    what to set when a required key is missing (the node then refuses: fail closed)."""
+    path = node_config.get("policy") or environ.get(POLICY_ENV)
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            from_file = tomllib.loads(Path(str(path)).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise PolicyError(f"cannot read the node policy file {str(path)!r}: {err}") from err
+        unknown = sorted(set(from_file) - set(_KEYS))
+        if unknown:
+            raise PolicyError(f"unknown keys in the node policy file {str(path)!r}: {', '.join(unknown)}")
+        values.update(from_file)
+    values.update({k: v for k, v in node_config.items() if k in _KEYS and k != "policy"})
+    for required in ("epsilon-budget", "state-dir"):
+        if required not in values or values[required] in ("", None):
+            raise PolicyError(f"this node has no '{required}' in its privacy policy, so it refuses to "
+                              f"train or release anything: {MISSING_HELP}")
+    return NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()})
+
+
+def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
+    """One policy value to its field's type; ``PolicyError`` on a bad one."""
+    try:
+        if name == "state_dir":
+            return Path(str(value).replace("{partition-id}", str(node_config.get("partition-id", "")))).resolve()
+        if name == "randomness":
+            return Randomness(value)
+        if name == "accountant":
+            return AccountantKind(value)
+        if name in ("public_num_examples", "allow_evaluate"):
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if name == "seed":
+            if isinstance(value, bool) or int(value) != float(value):
+                raise TypeError
+            return int(value)
+        number = float(value)
+        if math.isnan(number):
+            raise ValueError
+        return number
+    except (TypeError, ValueError) as err:
+        raise PolicyError(f"node policy: bad value {value!r} for '{name.replace('_', '-')}'") from err

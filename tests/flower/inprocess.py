@@ -1,0 +1,79 @@
+"""An in-process federation for tests: a Grid that hands each message to the project's real
+ClientApp (``clients.client_app.app``) with a per-node Context, and can lose replies,
+duplicate them, or "kill" the server mid-round (raise after delivering).
+
+Each node's policy is in its ``node_config`` (what a SuperNode's ``--node-config`` holds);
+its durable ledger lives in the state folder named there, so a node restarted with a new
+Context keeps it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message, RecordDict
+
+from clients.client_app import app
+
+
+class ServerKilled(Exception):
+    """The test killed the ServerApp mid-round."""
+
+
+def node_config(partition: int, num_partitions: int, state: Path, **policy: Any) -> dict[str, Any]:
+    """``--node-config`` of a node with its own state folder and policy keys."""
+    return {"partition-id": partition, "num-partitions": num_partitions,
+            "state-dir": str(state / f"node{partition}"), **policy}
+
+
+class InProcessGrid:
+    """A Grid over in-process nodes; ``lose(node, message)`` drops a reply, ``kill_after``
+    raises ``ServerKilled`` once that many messages have been delivered."""
+
+    def __init__(self, run_config: dict[str, Any], node_configs: dict[int, dict[str, Any]], run_id: int = 1) -> None:
+        self.run_config = run_config
+        self.node_configs = node_configs
+        self.run_id = run_id
+        self.contexts = {node: self._context(node) for node in node_configs}
+        self.lose: Callable[[int, Message], bool] = lambda node, message: False
+        self.kill_after: int | None = None
+        self.delivered = 0
+        self.log: list[Message] = []  # every reply delivered back to the server
+
+    def _context(self, node: int) -> Context:
+        return Context(run_id=self.run_id, node_id=node, node_config=dict(self.node_configs[node]),
+                       state=RecordDict(), run_config=dict(self.run_config))
+
+    def restart(self, node: int) -> None:
+        """A SuperNode restart: a fresh Context (in-memory state lost; its files kept)."""
+        self.contexts[node] = self._context(node)
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        self.push_messages(messages)
+        replies = []
+        for message in messages:
+            if self.kill_after is not None and self.delivered >= self.kill_after:
+                raise ServerKilled(f"killed after {self.delivered} messages")
+            node = message.metadata.dst_node_id
+            message.metadata.__dict__["_src_node_id"] = 0
+            reply = app(message, self.contexts[node])
+            reply.metadata.__dict__["_src_node_id"] = node
+            self.delivered += 1
+            if not self.lose(node, message):
+                replies.append(reply)
+        self.log.extend(replies)
+        return replies

@@ -1,0 +1,219 @@
+"""The curious server against the real ClientApp, in process: each test is an attack that
+worked on an earlier fedpriv and must now fail (docs/threat-model.md lists them)."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from scipy import stats
+
+from clients.client_app import app
+from clients.task import local_data
+from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
+from fedpriv.models import build_model
+from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
+from fedpriv.privacy.events import ComposedEvent
+from fedpriv.training import TrainingPlan, train_round
+from server.checks import check_train_reply, update_norm_bound
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+N = 100  # partition 0 of 2 of the first 200 training examples
+# q = 1 and one plain SGD step: the update is exactly -lr (S + σC z) / N, S the clipped sum
+PLAN = TrainingPlan(model="cnn", lot_size=N, max_grad_norm=1.0, noise_multiplier=1.0, lr=1.0, momentum=0.0)
+ONE_ROUND = PLAN.round_events(N)
+
+
+@pytest.fixture
+def run_config(shared_data_dir):
+    return {"limit-train": 200, "limit-test": 200, "data-dir": str(shared_data_dir)}
+
+
+def _context(run_config, state, run_id=1, **policy):
+    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), **policy}
+    return Context(run_id=run_id, node_id=5, node_config=node_config, state=RecordDict(), run_config=dict(run_config))
+
+
+def _send(context, content, message_type):
+    message = Message(content, dst_node_id=5, message_type=message_type)
+    message.metadata.__dict__["_message_id"] = "m"
+    return app(message, context)
+
+
+def _train(context, run_key="run-a", server_round=1, plan=PLAN, arrays=None):
+    config = ConfigRecord({**protocol.plan_config(plan), protocol.SERVER_ROUND: server_round,
+                           protocol.RUN_KEY: run_key})
+    arrays = arrays or ArrayRecord(build_model(plan.model, 0).state_dict())
+    return _send(context, RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}), MessageType.TRAIN)
+
+
+def _query(context):
+    return _send(context, RecordDict({protocol.CONFIG: ConfigRecord()}), MessageType.QUERY)
+
+
+def _vector(reply_or_model) -> np.ndarray:
+    if isinstance(reply_or_model, Message):
+        state = reply_or_model.content.array_records[protocol.ARRAYS].to_torch_state_dict()
+    else:
+        state = reply_or_model.state_dict()
+    return torch.cat([t.flatten().double() for t in state.values()]).numpy()
+
+
+def _update(reply) -> np.ndarray:
+    return _vector(reply) - _vector(build_model(PLAN.model, 0))
+
+
+def _server_replay(run_config, noise_multiplier, seed):
+    """The update the server computes itself, on the node's data, with a seed it knows."""
+    data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2})
+    model = build_model(PLAN.model, 0)
+    train_round(model, data.features, data.labels, dataclasses.replace(PLAN, noise_multiplier=noise_multiplier),
+                seed=seed, client=0, round_=1, device="cpu")
+    return _vector(model) - _vector(build_model(PLAN.model, 0))
+
+
+def _spent(state, client="0", delta=1e-5):
+    return PrivacyLedger.load(state / "ledger.json").spent_at(client, delta)
+
+
+@pytest.mark.parametrize("randomness", [{}, {"randomness": "seeded", "seed": 7}])
+def test_two_runs_at_sigma_and_2sigma_do_not_cancel_the_noise(run_config, tmp_path, randomness):
+    # The server trains the same model in two runs, at σ and 2σ, on a node it restarts in
+    # between. Had both runs drawn the same noise, 2Δ₁ − Δ₂ would be the clean update.
+    policy = {"epsilon-budget": math.inf, "public-num-examples": True, **randomness}
+    first = _train(_context(run_config, tmp_path, **policy), run_key="run-a")
+    second = _train(_context(run_config, tmp_path, **policy), run_key="run-b",
+                    plan=dataclasses.replace(PLAN, noise_multiplier=2.0))
+    clean = _server_replay(run_config, 0.0, seed=0)
+    residual = 2 * _update(first) - _update(second) - clean
+    # ‖residual‖ = 2 lr σ C ‖z₁ − z₂‖ / N ≈ 2 √(2d) / 100 when the draws are independent
+    expected = 2 * math.sqrt(2 * len(clean)) / N
+    assert 0.8 * expected < np.linalg.norm(residual) < 1.2 * expected
+
+
+def test_the_server_cannot_regenerate_a_secure_nodes_noise(run_config, tmp_path):
+    reply = _train(_context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True}))
+    clean = _server_replay(run_config, 0.0, seed=0)
+    actual_noise = _update(reply) - clean
+    for seed in (0, 1):  # the run's seed and another the server might guess
+        guessed_noise = _server_replay(run_config, 1.0, seed=seed) - clean
+        r = np.corrcoef(actual_noise, guessed_noise)[0, 1]
+        assert abs(r) < 6 / math.sqrt(len(clean))  # independent: r ~ N(0, 1/d); a replay gives r ≈ 1
+
+
+def test_a_second_run_and_a_restart_cannot_reset_the_budget(run_config, tmp_path):
+    one, two = (epsilon_of(ComposedEvent(ONE_ROUND * k), 1e-5) for k in (1, 2))
+    policy = {"epsilon-budget": (one + two) / 2, "public-num-examples": True}
+    assert not _train(_context(run_config, tmp_path, **policy), run_key="run-a").has_error()
+    for run_id in (1, 2):  # the node restarts (a new Context) and a new run begins
+        refusal = _train(_context(run_config, tmp_path, run_id=run_id, **policy), run_key=f"run-{run_id}x")
+        assert refusal.has_error() and refusal.error.code == protocol.REFUSAL_CODE
+        assert "exceed its budget" in refusal.error.reason
+    assert _spent(tmp_path) == pytest.approx(one)
+
+
+def test_a_replayed_round_is_refused_not_run_again(run_config, tmp_path):
+    context = _context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True})
+    assert not _train(context).has_error()
+    replay = _train(context, plan=dataclasses.replace(PLAN, noise_multiplier=50.0))
+    assert replay.has_error() and "already ran" in replay.error.reason
+    assert list(PrivacyLedger.load(tmp_path / "ledger.json").entries("0")) == [protocol.train_entry("run-a", 1)]
+
+
+def test_a_node_without_a_budget_refuses_and_says_what_to_set(run_config, tmp_path):
+    node_config = {"partition-id": 0, "num-partitions": 2}
+    context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
+                      run_config={**run_config, "client-epsilon-budget": 1.0})
+    for reply in (_train(context), _query(context)):
+        assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
+        assert "epsilon-budget" in reply.error.reason and "--node-config" in reply.error.reason
+
+
+def test_the_run_config_can_tighten_the_policy_but_never_loosen_it(run_config, tmp_path):
+    one = epsilon_of(ComposedEvent(ONE_ROUND), 1e-5)
+    at_09 = epsilon_of(ComposedEvent(ONE_ROUND), 0.9)
+    policy = {"epsilon-budget": (one + at_09) / 2, "public-num-examples": True}  # fits at δ 0.9, not at 1e-5
+    loosen = {**run_config, "delta": 0.9, "client-epsilon-budget": 100.0}
+    refusal = _train(_context(loosen, tmp_path, **policy))
+    assert refusal.has_error() and "δ = 1e-05" in refusal.error.reason
+    tighten = {**run_config, "client-epsilon-budget": one / 2}
+    refusal = _train(_context(tighten, tmp_path, **{**policy, "epsilon-budget": math.inf}))
+    assert refusal.has_error() and "exceed its budget" in refusal.error.reason
+    seeded_by_server = _train(_context({**run_config, "local-randomness": "run-seed"}, tmp_path, **policy))
+    assert seeded_by_server.has_error() and "unknown run-config keys" in seeded_by_server.error.reason
+
+
+def test_a_train_reply_carries_the_model_and_its_booked_events_and_nothing_else(run_config, tmp_path):
+    context = _context(run_config, tmp_path, **{"epsilon-budget": math.inf})  # N private: QUERY first
+    assert _train(context).has_error()
+    released = _query(context).content.config_records[protocol.INFO][protocol.NUM_EXAMPLES]
+    reply = _train(context)
+    assert set(reply.content.keys()) == {protocol.ARRAYS, protocol.PRIVACY}  # no loss, no N
+    entry, events = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
+    assert events == PLAN.round_events(released)  # q and steps of the released N, not the true one
+    assert PrivacyLedger.load(tmp_path / "ledger.json").entries("0")[entry] == events
+
+
+def test_n_leaves_only_as_a_booked_gaussian_count(run_config, tmp_path):
+    # Prepare: 400 fresh nodes (own state each) holding the same N = 100 records
+    released = []
+    for i in range(400):
+        context = _context(run_config, tmp_path / str(i), **{"epsilon-budget": 1.0, "num-examples-noise": 20.0})
+        info = _query(context).content.config_records[protocol.INFO]
+        assert info[protocol.NUM_EXAMPLES_PUBLIC] is False
+        released.append(info[protocol.NUM_EXAMPLES])
+    # Assert: the count is N + N(0, 20²) rounded: mean N, std 20 (5σ bounds), and booked
+    released = np.array(released, dtype=float)
+    assert abs(released.mean() - N) < 5 * 20 / math.sqrt(400)
+    chi2 = (len(released) - 1) * released.var(ddof=1) / (20**2 + 1 / 12)
+    assert stats.chi2.sf(chi2, 399) > 1e-6 and stats.chi2.cdf(chi2, 399) > 1e-6
+    ledger = PrivacyLedger.load(tmp_path / "0" / "ledger.json")
+    assert list(ledger.entries("0").values()) == [(GaussianEvent(20.0),)]
+    # Execute again: the same node resends the same value and books nothing more
+    again = _query(_context(run_config, tmp_path / "0", **{"epsilon-budget": 1.0, "num-examples-noise": 20.0}))
+    assert again.content.config_records[protocol.INFO][protocol.NUM_EXAMPLES] == released[0]
+    assert PrivacyLedger.load(tmp_path / "0" / "ledger.json") == ledger
+
+
+def _evaluate(context, run_key="run-a", server_round=1):
+    config = ConfigRecord({protocol.MODEL: "cnn", protocol.SERVER_ROUND: server_round, protocol.RUN_KEY: run_key})
+    arrays = ArrayRecord(build_model("cnn", 0).state_dict())
+    return _send(context, RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}), MessageType.EVALUATE)
+
+
+def test_evaluate_is_refused_by_default_and_noisy_and_booked_when_allowed(run_config, tmp_path):
+    refused = _evaluate(_context(run_config, tmp_path / "default", **{"epsilon-budget": math.inf}))
+    assert refused.has_error() and "allow-evaluate" in refused.error.reason
+    assert not (tmp_path / "default" / "ledger.json").exists()  # nothing booked, nothing computed
+    # The label-histogram attack asks many evaluations; each is noisy and each is booked
+    context = _context(run_config, tmp_path / "allowed",
+                       **{"epsilon-budget": math.inf, "allow-evaluate": True, "evaluate-noise": 20.0})
+    counts = []
+    for r in range(1, 201):
+        metrics = _evaluate(context, server_round=r).content.metric_records[protocol.METRICS]
+        counts.append(metrics[protocol.COUNT])
+    n_test = 100  # partition 0 of 2 of the first 200 test examples
+    counts = np.array(counts)
+    assert abs(counts.mean() - n_test) < 5 * 20 / math.sqrt(200)
+    chi2 = 199 * counts.var(ddof=1) / 20**2
+    assert stats.chi2.sf(chi2, 199) > 1e-6 and stats.chi2.cdf(chi2, 199) > 1e-6
+    assert len(PrivacyLedger.load(tmp_path / "allowed" / "ledger.json").entries("0")) == 200
+
+
+def test_a_model_that_makes_gradients_non_finite_still_gets_a_finite_reply(run_config, tmp_path):
+    # The NaN oracle: weights chosen so that every logit is +inf, the loss inf - inf = NaN
+    state = build_model("cnn", 0).state_dict()
+    state["7.bias"] = torch.full_like(state["7.bias"], 1e3)  # tanh saturates at exactly 1
+    state["9.weight"] = torch.full_like(state["9.weight"], 1e38)  # 32 · 1e38 overflows
+    reply = _train(_context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True}),
+                   arrays=ArrayRecord(state))
+    assert not reply.has_error()
+    assert np.isfinite(_vector(reply)).all()
+    global_arrays = ArrayRecord(state)
+    problem = check_train_reply(reply, protocol.train_entry("run-a", 1), ONE_ROUND, global_arrays,
+                                update_norm_bound(PLAN, N, sum(v.numel() for v in state.values())))
+    assert problem is None
