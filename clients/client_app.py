@@ -22,11 +22,12 @@ app = ClientApp()
 
 
 def _answer(handler: Callable[..., RecordDict], msg: Message, context: Context) -> Message:
-    """``handler``'s reply, or a refusal saying why (``ValueError`` covers bad input of every
-    kind here: policy, settings, protocol, ledger)."""
+    """``handler``'s reply, or a refusal saying why: ``ValueError`` covers bad input of every
+    kind here (policy, settings, protocol, ledger), ``KeyError``/``TypeError`` a message
+    missing a record or holding one of the wrong type (untrusted input, never a crash)."""
     try:
         return Message(handler(msg, context), reply_to=msg)
-    except (Refusal, ValueError) as err:
+    except (Refusal, ValueError, KeyError, TypeError) as err:
         return Message(Error(code=protocol.REFUSAL_CODE, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
 
 

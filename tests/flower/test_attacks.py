@@ -217,3 +217,21 @@ def test_a_model_that_makes_gradients_non_finite_still_gets_a_finite_reply(run_c
     problem = check_train_reply(reply, protocol.train_entry("run-a", 1), ONE_ROUND, global_arrays,
                                 update_norm_bound(PLAN, N, sum(v.numel() for v in state.values())))
     assert problem is None
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda config, arrays: (ConfigRecord({k: v for k, v in config.items() if k != protocol.RUN_KEY}), arrays),
+    lambda config, arrays: (ConfigRecord({**config, protocol.RUN_KEY: "../../etc"}), arrays),
+    lambda config, arrays: (ConfigRecord({**config, protocol.SERVER_ROUND: -1}), arrays),
+    lambda config, arrays: (ConfigRecord({**config, "max-grad-norm": "big"}), arrays),
+    lambda config, arrays: (config, ArrayRecord([np.zeros(3, dtype=np.float32)])),
+    lambda config, arrays: (None, arrays),
+])
+def test_a_malformed_train_message_is_refused_and_books_nothing(run_config, tmp_path, mangle):
+    config = ConfigRecord({**protocol.plan_config(PLAN), protocol.SERVER_ROUND: 1, protocol.RUN_KEY: "run-a"})
+    config, arrays = mangle(config, ArrayRecord(build_model(PLAN.model, 0).state_dict()))
+    content = RecordDict({protocol.ARRAYS: arrays, **({protocol.CONFIG: config} if config is not None else {})})
+    reply = _send(_context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True}),
+                  content, MessageType.TRAIN)
+    assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
+    assert not (tmp_path / "ledger.json").exists()
