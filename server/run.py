@@ -84,6 +84,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
                 history.stopped = str(stop)
                 if server_round == 1:
                     log(WARNING, "Nothing to train: all %d clients have spent their budget", len(strategy.nodes))
+                else:
+                    log(WARNING, "Stopping: %s", stop)
                 break
             evaluate_fn(server_round, arrays)
             if state:

@@ -122,9 +122,7 @@ class BudgetedFedAvg(FedAvg):
         with self.ledger.transaction() as ledger:
             eligible = self.affordable(ledger, entry, evaluate)
             if not eligible and not evaluate:
-                reason = f"round {server_round}: no client can afford another round"
-                log(WARNING, "Stopping: %s", reason)
-                raise BudgetExhausted(reason)
+                raise BudgetExhausted(f"round {server_round}: no client can afford another round")
             eligible = [n for n in eligible if n in online]
             size = min(len(eligible), max(1, int(len(self.nodes) * fraction)))
             rng = random.Random(derive_seed(self.seed, "server-evaluate" if evaluate else "server-sampling",
