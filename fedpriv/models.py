@@ -10,7 +10,8 @@ gradients — and hence per-example clipping — would be meaningless).
 - ``scatter_linear``: Tramèr & Boneh 2021's ScatterNet+linear: GroupNorm (no affine
   parameters) and one linear layer on the images' scattering coefficients
   (``fedpriv.features``), 39,700 parameters for MNIST. Its inputs are
-  ``model_inputs("scatter_linear", images)``, computed once per data set, not per step.
+  ``model_inputs("scatter_linear", images)``, computed once per data set, not per step,
+  and cached on disk (``fedpriv.features.cached_scattering_features``).
 
 Initialisation is reproducible: ``build_model(name, seed)`` seeds torch's global RNG
 with ``derive_seed(seed, "model")`` inside ``torch.random.fork_rng`` so the caller's RNG
@@ -24,7 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedpriv.features import COEFFICIENTS, scattering_features
+from fedpriv.cache import CacheDir
+from fedpriv.features import COEFFICIENTS, cached_scattering_features
 from fedpriv.seeding import derive_seed
 
 
@@ -98,18 +100,26 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 MODELS: tuple[str, ...] = tuple(_BUILDERS)
 
-# Fixed, data-independent transforms from images to a model's inputs (no privacy cost).
-_INPUT_TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "scatter_linear": scattering_features,
+# Fixed, data-independent transforms from images to a model's inputs (no privacy cost),
+# cached on disk: each takes (images, cache_dir=..., progress=...).
+_INPUT_TRANSFORMS: dict[str, Callable[..., torch.Tensor]] = {
+    "scatter_linear": cached_scattering_features,
 }
 
 
-def model_inputs(name: str, images: torch.Tensor) -> torch.Tensor:
-    """What model ``name`` takes: ``images`` themselves, or their fixed features."""
+def model_inputs(
+    name: str, images: torch.Tensor, *, cache_dir: CacheDir = None, progress: bool | None = None
+) -> torch.Tensor:
+    """What model ``name`` takes: ``images`` themselves, or their fixed features.
+
+    Features are cached on disk (``cache_dir``: see ``fedpriv.cache.cache_dir``; None:
+    ``$FEDPRIV_CACHE_DIR`` or the user's cache folder; False: off). ``progress``: a bar
+    while computing them (None: when stderr is a terminal).
+    """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     transform = _INPUT_TRANSFORMS.get(name)
-    return images if transform is None else transform(images)
+    return images if transform is None else transform(images, cache_dir=cache_dir, progress=progress)
 
 
 def build_model(name: str, seed: int, **kwargs: int) -> nn.Module:

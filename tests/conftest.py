@@ -1,5 +1,6 @@
 """Shared test fixtures: the MNIST files in ../shared/data (never downloaded in tests)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,16 @@ def shared_data_dir() -> Path:
     if not (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists():
         pytest.fail(f"MNIST files not found under {SHARED_DATA}; see ../shared/data/README.md")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_feature_cache(tmp_path_factory):
+    """Tests (and the commands they start, which inherit the environment) cache features
+    in a folder of their own, never in the user's cache."""
+    saved = os.environ.get("FEDPRIV_CACHE_DIR")
+    os.environ["FEDPRIV_CACHE_DIR"] = str(tmp_path_factory.mktemp("feature-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("FEDPRIV_CACHE_DIR", None)
+    else:
+        os.environ["FEDPRIV_CACHE_DIR"] = saved
