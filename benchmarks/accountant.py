@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedpriv.privacy import dpsgd_event, make_accountant
 from fedpriv.privacy.accountants.rdp import ORDERS, step_rdp
+from simulations._cli import Parser, at_least
 
 SIGMA, SAMPLE_RATE, STEPS, DELTA, GOAL_MS = 4.0, 0.01, 10_000, 1e-5, 50.0
 
@@ -48,11 +49,15 @@ def run(repeats: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m benchmarks.accountant", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
-    parser.add_argument("--repeats", type=int, default=9)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=at_least(1), default=9, help="(default: 9)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     result = json.dumps(run(args.repeats))
     print(result)
     if args.out:

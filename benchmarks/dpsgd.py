@@ -27,6 +27,7 @@ from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
+from simulations._cli import Parser, at_least
 
 BATCH = 256
 MODELS = ("mlp", "cnn")
@@ -183,13 +184,18 @@ def print_table(result: dict) -> None:
         print(f"{model:<6} {ratio['vs_nonprivate']!s:>15} {ratio['vs_opacus_best']!s:>15}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m benchmarks.dpsgd", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps and repeats")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all)")
+    parser.add_argument("--threads", type=at_least(1), default=os.cpu_count() or 1,
+                        help="torch threads (default: all)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall or process CPU time")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"{args.threads} torch thread(s), {args.clock} clock, batch {BATCH}")
     result = {"threads": args.threads, "clock": args.clock, **benchmark(args.quick, CLOCKS[args.clock])}

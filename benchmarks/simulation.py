@@ -18,35 +18,81 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from simulations._cli import (
+    Parser,
+    add_cache_dir,
+    at_least,
+    flag_message,
+    non_negative,
+    probability,
+    use_cache_dir,
+)
+from simulations._logging import quiet_console
 
-from clients.task import local_data
-from fedpriv.federation.settings import RunSettings
-from fedpriv.models import build_model
-from fedpriv.training import default_device, train_round
-from server.assign import base_plan
-from simulations._federated import PROJECT_ROOT, node_policy_env, simulate, simulated_node_policy
+if TYPE_CHECKING:
+    from fedpriv.federation.settings import RunSettings
+
+# torch, Flower and the apps are imported once the flags are checked: a bad flag is one line at once.
+
+MNIST_TRAIN_EXAMPLES = 60_000
+
+# run-config key -> the flag that sets it, for error messages
+FLAGS = {"min-clients": "--clients", "rounds": "--rounds", "fraction-train": "--fraction-train",
+         "limit-train": "--examples-per-client", "lot-size": "--lot-size",
+         "noise-multiplier": "--noise-multiplier", "model": "--model", "data-dir": "--data-dir"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.simulation", description=__doc__.split("\n")[0])
-    p.add_argument("--clients", type=int, default=1000)
-    p.add_argument("--examples-per-client", type=int, default=60)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--fraction-train", type=float, default=0.1)
-    p.add_argument("--lot-size", type=int, default=30, help="expected lot size (q = lot / 60)")
-    p.add_argument("--noise-multiplier", type=float, default=1.0)
+    p = Parser(prog="python -m benchmarks.simulation", description=__doc__.split("\n")[0])
+    p.add_argument("--clients", type=at_least(1), default=1000, help="(default: 1000)")
+    p.add_argument("--examples-per-client", type=at_least(1), default=60, help="(default: 60)")
+    p.add_argument("--rounds", type=at_least(1), default=3, help="(default: 3)")
+    p.add_argument("--fraction-train", type=probability, default=0.1, help="(default: 0.1)")
+    p.add_argument("--lot-size", type=at_least(1), default=30, help="expected lot size (q = lot / 60; default: 30)")
+    p.add_argument("--noise-multiplier", type=non_negative, default=1.0, help="(default: 1.0)")
     p.add_argument("--model", default="cnn",
                    help="default cnn: trains on pixels, so the ratio is not diluted by feature transforms")
-    p.add_argument("--data-dir")
-    p.add_argument("--out", type=Path, default=Path("runs/benchmark-simulation.json"))
+    p.add_argument("--data-dir", help="root folder of MNIST (default: $XDG_CACHE_HOME/fedpriv or ~/.cache/fedpriv)")
+    p.add_argument("--out", type=Path, default=Path("runs/benchmark-simulation.json"),
+                   help="(default: runs/benchmark-simulation.json)")
+    add_cache_dir(p)
     return p
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                       overrides: dict[str, Any]) -> RunSettings:
+    """The run's settings and plan as the apps will parse them, and MNIST's files: any
+    problem is one ``parser.error`` line, before data is loaded or Ray started."""
+    from fedpriv.data import DatasetNotFoundError, check_available
+    from fedpriv.federation.settings import RunSettings
+    from fedpriv.models import MODELS
+    from server.assign import base_plan
+
+    if args.model not in MODELS:
+        parser.error(f"argument --model: invalid choice: {args.model!r} (choose from {', '.join(MODELS)})")
+    if args.clients * args.examples_per_client > MNIST_TRAIN_EXAMPLES:
+        parser.error(f"--clients × --examples-per-client must be <= {MNIST_TRAIN_EXAMPLES} (MNIST's training "
+                     f"set), got {args.clients} × {args.examples_per_client}")
+    try:
+        settings = RunSettings.from_run_config(overrides)
+        base_plan(settings)
+        check_available(settings.dataset, settings.data_dir)
+    except DatasetNotFoundError as err:
+        parser.error(str(err))
+    except ValueError as err:  # SettingsError, or the plan's own checks
+        parser.error(flag_message(str(err), FLAGS))
+    return settings
 
 
 def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[float]:
     """Seconds per round of: train ``per_round`` clients one after another, then average."""
+    from clients.task import local_data
+    from fedpriv.models import build_model
+    from fedpriv.training import default_device, train_round
+    from server.assign import base_plan
+
     plan = base_plan(settings)
     model = build_model(plan.model, settings.seed)
     rng = random.Random(settings.seed)
@@ -70,7 +116,9 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    use_cache_dir(parser, args.cache_dir)
     per_round = max(1, int(args.clients * args.fraction_train))
     with tempfile.TemporaryDirectory() as tmp:
         overrides: dict[str, Any] = {
@@ -80,10 +128,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if args.data_dir:
             overrides["data-dir"] = str(Path(args.data_dir).resolve())
-        settings = RunSettings.from_run_config(overrides)
-        loop = plain_loop(settings, args.clients, per_round)
+        settings = settings_from_args(parser, args, overrides)
+        import torch
         from flwr.common.config import get_fused_config_from_dir
 
+        from simulations._federated import PROJECT_ROOT, node_policy_env, simulate, simulated_node_policy
+
+        quiet_console()  # each log line once (Flower's records reach no root handler); no Ray tip
+        loop = plain_loop(settings, args.clients, per_round)
         policy = simulated_node_policy(get_fused_config_from_dir(PROJECT_ROOT, overrides), Path(tmp))
         with node_policy_env(policy, Path(tmp)):
             total = simulate(args.clients, overrides)

@@ -15,8 +15,10 @@ from clients import task
 from clients.releases import Refusal
 from fedpriv.federation import protocol
 
-# dp-accounting logs every RDP order it skips; harmless, and it floods the run log.
+# dp-accounting logs every RDP order it skips; harmless, and it floods the run log. absl
+# also gives the root logger a handler, which would print Flower's lines twice.
 logging.getLogger("absl").setLevel(logging.ERROR)
+logging.getLogger("flwr").propagate = False
 
 app = ClientApp()
 

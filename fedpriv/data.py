@@ -7,7 +7,8 @@ the image files are read once through torchvision's own dataset classes and thei
 ``data``/``targets`` arrays are converted in one go.
 
 Nothing is downloaded unless the caller passes ``download=True``; a missing data set
-raises ``DatasetNotFoundError`` naming the folder and the flag.
+raises ``DatasetNotFoundError`` naming the folder and the flag, and a failed download one
+saying why. ``check_available`` checks that the files are there without reading them.
 """
 
 from __future__ import annotations
@@ -48,14 +49,28 @@ def default_data_dir() -> Path:
     return Path(cache) / "fedpriv"
 
 
+def _not_found(cls: type, data_dir: Path) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"{cls.__name__} not found (or corrupted) under {data_dir}: pass download=True "
+        f"(--download) or point data_dir (--data-dir) at the folder that holds it"
+    )
+
+
+def _download_failed(cls: type, data_dir: Path, err: Exception) -> DatasetNotFoundError:
+    reason = " ".join(str(err).split()) or type(err).__name__  # torchvision's are several lines
+    return DatasetNotFoundError(
+        f"downloading {cls.__name__} into {data_dir} (download=True, --download) failed: {reason}")
+
+
 def _torchvision(cls: type, data_dir: Path, train: bool, download: bool):  # noqa: ANN202
     try:
         return cls(root=str(data_dir), train=train, download=download)
-    except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
-        raise DatasetNotFoundError(
-            f"{cls.__name__} not found (or corrupted) under {data_dir}: pass download=True "
-            f"(--download) or point data_dir (--data-dir) at the folder that holds it"
-        ) from err
+    except RuntimeError as err:  # "Dataset not found or corrupted", or MNIST's failed download
+        raise (_download_failed(cls, data_dir, err) if download else _not_found(cls, data_dir)) from err
+    except OSError as err:  # CIFAR-10's download: urllib's errors, a folder that can't be written
+        if not download:
+            raise
+        raise _download_failed(cls, data_dir, err) from err
 
 
 def _mnist(data_dir: Path, train: bool, download: bool, limit: int | None, seed: int) -> TensorPair:
@@ -130,3 +145,36 @@ def load_dataset(
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     features, labels = _LOADERS[name](root, train, download, limit, seed)
     return TensorPair(features.to(device), labels.to(device))
+
+
+def _torchvision_files(cls: type, root: Path) -> list[Path]:
+    """The files torchvision's ``cls`` reads under ``root`` (from the class's own tables)."""
+    if hasattr(cls, "resources"):  # MNIST: the decompressed idx files in <root>/MNIST/raw
+        return [root / cls.__name__ / "raw" / Path(url).stem for url, _ in cls.resources]
+    folder = root / cls.base_folder  # CIFAR-10: the pickled batches and their meta file
+    return [folder / name for name, _ in cls.train_list + cls.test_list] + [folder / cls.meta["filename"]]
+
+
+_TORCHVISION: dict[str, type] = {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10}
+
+
+def check_available(
+    name: str, data_dir: str | os.PathLike[str] | None = None, download: bool = False
+) -> Path:
+    """Raise ``DatasetNotFoundError`` (the loader's message) unless data set ``name``'s files
+    are under ``data_dir``; with ``download``, fetch missing ones first (``DatasetNotFoundError``
+    saying why when that fails). Returns the root folder.
+
+    Cheap: it checks that the files exist and reads none (the loader verifies checksums),
+    so a command can check once, before it starts the processes that load the data.
+    """
+    if name not in _LOADERS:
+        raise ValueError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    cls = _TORCHVISION.get(name)
+    if cls is None or all(path.is_file() for path in _torchvision_files(cls, root)):
+        return root  # scikit-learn's data sets ship with it
+    if not download:
+        raise _not_found(cls, root)
+    _torchvision(cls, root, train=True, download=True)  # one download holds every split
+    return root

@@ -1,4 +1,10 @@
-"""What happened in a run, round by round, and its ``results.json`` form."""
+"""What happened in a run, round by round, and its ``results.json`` form.
+
+``results.json`` opens with what a reader looks for first: ``settings`` (as given),
+``resolved`` (what they resolved to: model, accountant, δ, budget, each client's σ, q and
+steps per round), ``final_accuracy`` and ``final_epsilon``; then the per-client plans and
+the rounds. Clients are listed in numeric order ("0", "1", …, "10").
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.files import write_json_atomic
+
+
+def client_order(client_id: str) -> tuple[int, int, str]:
+    """Sort key of client ids: numeric ids by value ("2" before "10"), then the others."""
+    numeric = client_id.isascii() and client_id.isdigit()
+    return (0, int(client_id), client_id) if numeric else (1, 0, client_id)
+
+
+def by_client(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with its client-id keys in ``client_order``."""
+    return {k: values[k] for k in sorted(values, key=client_order)}
 
 
 def epsilon_summary(epsilons: Iterable[float]) -> str:
@@ -42,6 +59,7 @@ class History:
 
     settings: dict[str, Any]
     run_key: str = ""
+    resolved: dict[str, Any] = field(default_factory=dict)  # set by the run (``server.run``)
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)
     initial: dict[str, float] = field(default_factory=dict)
     rounds: list[RoundLog] = field(default_factory=list)
@@ -52,7 +70,7 @@ class History:
 
     def start_round(self, server_round: int, participants: list[str]) -> RoundLog:
         """A new round's log, appended to ``rounds``."""
-        log = RoundLog(server_round, sorted(participants))
+        log = RoundLog(server_round, sorted(participants, key=client_order))
         self.rounds.append(log)
         return log
 
@@ -71,11 +89,36 @@ class History:
             return dict(self.spent)
         return dict(self.rounds[-1].epsilon) if self.rounds else {}
 
+    def final_accuracy(self) -> float | None:
+        """The central test accuracy after the last round that ran, else the initial model's."""
+        for log in reversed(self.rounds):
+            if log.test_accuracy is not None:
+                return log.test_accuracy
+        return self.initial.get("test_accuracy")
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (ε = ∞ is written as the string "inf")."""
+        """A JSON-serialisable dict (ε = ∞ is written as the string "inf"): the summary
+        first, clients in numeric order."""
         data = asdict(self)
-        data["final_epsilon"] = self.final_epsilon()
-        return _finite(data)
+        for log in data["rounds"]:
+            for key in ("epsilon", "failed", "rejected"):
+                log[key] = by_client(log[key])
+        ordered = {
+            "settings": data["settings"],
+            "resolved": data["resolved"],
+            "run_key": data["run_key"],
+            "final_accuracy": self.final_accuracy(),
+            "final_epsilon": by_client(self.final_epsilon()),
+            "stopped": data["stopped"],
+            "wall_time_s": data["wall_time_s"],
+            "model_sha256": data["model_sha256"],
+            "initial": data["initial"],
+            "clients": by_client(data["clients"]),
+            "spent": by_client(data["spent"]),
+            "rounds": data["rounds"],
+        }
+        ordered.update({k: v for k, v in data.items() if k not in ordered})
+        return _finite(ordered)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> History:

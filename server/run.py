@@ -1,6 +1,11 @@
 """One federated run: discover clients, assign plans, run budget-aware FedAvg round by
 round (checkpointing after each when there is a state dir), report.
 
+Progress: one log line per round (round r/R, test accuracy, the largest client ε, seconds),
+and on a terminal a bar by round under the log lines (``Progress``). ``results.json`` adds
+to the settings what they resolved to (``resolved``: model, accountant, δ, budget, and each
+client's σ, q and steps per round).
+
 The round loop is fedpriv's own rather than ``Strategy.start``'s so that a killed run can
 ``resume`` from its last completed round with the same run key: rounds it re-sends are
 booked under the same entries, so nothing is counted twice.
@@ -8,18 +13,23 @@ booked under the same entries, so nothing is counted twice.
 
 from __future__ import annotations
 
+import logging
+import math
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TextIO
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from flwr.supercore.logger import LOGGER_NAME
 from tqdm import tqdm
 
 from fedpriv.data import load_dataset
@@ -30,7 +40,7 @@ from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.training import evaluate, model_sha256
 from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo, describe_nodes, discover
-from server.history import History, epsilon_summary
+from server.history import History, RoundLog, by_client, epsilon_summary
 from server.ledger import ServerLedger
 from server.state import Checkpoint, ServerState
 from server.strategy import BudgetedFedAvg, BudgetExhausted
@@ -71,13 +81,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
         ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,
     )
-    with tqdm(total=settings.rounds, initial=first - 1, desc="rounds", unit="round", disable=None) as bar:
-        evaluate_fn = _central_evaluation(settings, history, model_name, model, bar)
+    evaluate_fn = _central_evaluation(settings, history, model_name, model)
+    with Progress(settings.rounds, done=first - 1) as progress:
         if first == 1:
             evaluate_fn(0, arrays)
+            progress.initial(history)
             if state:  # the run key is durable before anything is booked under it
                 state.save(Checkpoint(run_key, 0, history.settings, history.to_json()), arrays)
         for server_round in range(first, settings.rounds + 1):
+            progress.start()
             try:
                 arrays = _round(grid, strategy, server_round, arrays, model_name)
             except BudgetExhausted as stop:
@@ -92,10 +104,12 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
                 state.save(Checkpoint(run_key, server_round, history.settings, history.to_json()), arrays)
             if out:
                 ledger.snapshot().save(out / "ledger.json")
+            progress.round_done(history.rounds[-1])
     model.load_state_dict(arrays.to_torch_state_dict())
     spent = ledger.snapshot()
     history.spent = {a.client_id: spent.spent(a.client_id) for a in strategy.nodes.values()}
     history.model_sha256 = model_sha256(model)
+    history.resolved = resolved(ledger, assigner, strategy.nodes.values())
     history.wall_time_s = time.perf_counter() - start
     log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:
@@ -147,8 +161,134 @@ def book_releases(ledger: ServerLedger, clients: Iterable[ClientInfo]) -> None:
                     log(WARNING, "Client %s: release %s not booked: %s", info.client_id, entry, err)
 
 
+def resolved(ledger: ServerLedger, assigner: Assigner, nodes: Iterable[Assignment]) -> dict[str, Any]:
+    """What the settings resolved to: the model and plan every client was given, how ε is
+    accounted (the server ledger's accountant, δ and per-client budget), and each client's
+    σ, q (sampling rate), expected lot q·N and DP-SGD steps per round."""
+    plan = assigner.plan
+    clients = {
+        a.client_id: {
+            "noise_multiplier": a.plan.noise_multiplier,
+            "sample_rate": a.plan.sample_rate(a.num_examples),
+            "expected_lot_size": a.plan.sample_rate(a.num_examples) * a.num_examples,
+            "steps_per_round": a.plan.steps_per_round(a.num_examples),
+        }
+        for a in nodes
+    }
+    return {
+        "model": plan.model,
+        "accountant": ledger.accountant.value,
+        "delta": ledger.budget.delta,
+        "epsilon_budget": ledger.budget.epsilon,
+        "lot_size": plan.lot_size,
+        "shared_sample_rate": plan.shared_sample_rate,
+        "max_grad_norm": plan.max_grad_norm,
+        "lr": plan.lr,
+        "lr_schedule": _plain(plan.lr_schedule),
+        "local_epochs": plan.local_epochs,
+        "clients": by_client(clients),
+    }
+
+
+class Progress:
+    """The rounds on the console. Every round logs one line (round r/R, test accuracy, the
+    largest client ε, seconds), which reads well in a piped log. When stderr is a terminal a
+    bar by round also shows, kept under the log lines: while it is open, Flower's console
+    handler and ``sys.stdout``/``sys.stderr`` (Ray prints its actors' output there) write
+    whole lines above it instead of through it."""
+
+    def __init__(self, rounds: int, done: int = 0) -> None:
+        self.rounds = rounds
+        self.bar = tqdm(total=rounds, initial=done, desc="rounds", unit="round", disable=None,
+                        dynamic_ncols=True)
+        self._start = time.perf_counter()
+        self._restore: list[Callable[[], None]] = []
+
+    def __enter__(self) -> Progress:
+        if not self.bar.disable:
+            self._redirect()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        try:
+            for undo in reversed(self._restore):
+                undo()
+        finally:
+            self._restore = []
+            self.bar.close()
+
+    def initial(self, history: History) -> None:
+        """Log the initial model's test accuracy."""
+        accuracy = history.initial.get("test_accuracy")
+        if accuracy is not None:
+            log(INFO, "round 0/%d: test accuracy %.2f %% (initial model)", self.rounds, 100 * accuracy)
+
+    def start(self) -> None:
+        """A round starts now."""
+        self._start = time.perf_counter()
+
+    def round_done(self, round_log: RoundLog) -> None:
+        """Log the round's line and move the bar."""
+        seconds = time.perf_counter() - self._start
+        accuracy = round_log.test_accuracy
+        eps = max(round_log.epsilon.values(), default=math.nan)
+        log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %.4f, %.1f s",
+            round_log.round, self.rounds, 100 * accuracy, eps, seconds)
+        self.bar.set_postfix_str(f"accuracy {100 * accuracy:.2f} %, max ε {eps:.3f}", refresh=False)
+        self.bar.update(1)
+
+    def _redirect(self) -> None:
+        """Flower's console handlers and the standard streams write whole lines above the bar."""
+        for handler in logging.getLogger(LOGGER_NAME).handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and stream is not None and stream in (sys.stdout, sys.stderr):
+                above = _AboveBar(stream, self.bar)
+                handler.setStream(above)  # type: ignore[arg-type]
+                self._restore.append(lambda h=handler, s=stream, a=above: (h.setStream(s), a.finish()))
+        for name in ("stdout", "stderr"):
+            original = getattr(sys, name)
+            above = _AboveBar(original, self.bar)
+            setattr(sys, name, above)
+            self._restore.append(lambda n=name, o=original, a=above: (setattr(sys, n, o), a.finish()))
+
+
+class _AboveBar:
+    """A text stream that writes whole lines to ``stream`` with ``bar`` cleared, then redrawn
+    (a partial line waits for its end, or for ``finish``); anything else is the stream's."""
+
+    def __init__(self, stream: TextIO, bar: tqdm) -> None:
+        self.stream = stream
+        self.bar = bar
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            lines, _, self._pending = self._pending.rpartition("\n")
+            self._emit(lines + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def finish(self) -> None:
+        """Write the partial line left, if any, ended (the bar would draw over it)."""
+        if self._pending:
+            self._emit(self._pending + "\n")
+            self._pending = ""
+
+    def _emit(self, text: str) -> None:
+        with tqdm.external_write_mode(file=self.bar.fp):
+            self.stream.write(text)
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _central_evaluation(
-    settings: RunSettings, history: History, model_name: str, model: torch.nn.Module, bar: tqdm
+    settings: RunSettings, history: History, model_name: str, model: torch.nn.Module
 ) -> Callable[[int, ArrayRecord], MetricRecord]:
     """``evaluate_fn`` on the test set (as ``model_name``'s inputs); it loads each global
     model into ``model``."""
@@ -160,9 +300,6 @@ def _central_evaluation(
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, accuracy = evaluate(model, inputs, test.labels)
         history.record_evaluation(server_round, loss, accuracy)
-        if server_round:
-            bar.update(1)
-            bar.set_postfix(accuracy=f"{accuracy:.4f}")
         return MetricRecord({"loss": loss, "accuracy": accuracy})
 
     return evaluate_fn

@@ -35,7 +35,6 @@ from flwr.supercore import log
 
 from fedpriv.federation import protocol
 from fedpriv.privacy import LedgerError, PrivacyLedger
-from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import derive_seed
 from server.assign import Assignment
 from server.checks import check_evaluate_reply, check_train_reply, update_norm_bound

@@ -13,6 +13,11 @@ policy (``simulated_node_policy``): budget from the flags, seeded randomness fro
 ``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
 durable ledger under ``--state-dir``/nodes/<partition id>. Without ``--state-dir`` all
 state lives in a temporary folder and is gone after the run.
+
+Every input is checked before Ray starts: the flags by their argparse types
+(``simulations._cli``, before torch is imported), the fused run config by ``RunSettings``
+and the training plan exactly as the apps will parse them (``check_settings``), and the
+data set's files (``check_data``). A bad one is a single ``prog: error: ...`` line, exit 2.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import math
 import os
 import tempfile
@@ -32,11 +36,12 @@ from typing import Any
 import torch
 
 from fedpriv.federation.policy import POLICY_ENV
+from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from simulations._cli import PROJECT_ROOT, federated_parser, flag_message, use_cache_dir
+from simulations._logging import quiet_console
 
 # flag -> run-config key, for the flags that map one to one
 _KEYS = (
@@ -45,51 +50,14 @@ _KEYS = (
     "max-grad-norm", "lr", "lr-schedule", "model", "fraction-train", "fraction-evaluate", "epsilon-budget",
     "client-epsilon-budget", "download", "state-dir", "resume",
 )
+# run-config key -> the flag that sets it, for error messages
+FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
 
 
 def build_parser(dataset: str) -> argparse.ArgumentParser:
-    """The flags of ``python -m simulations.<dataset>``; unset flags keep pyproject's defaults."""
-    p = argparse.ArgumentParser(
-        prog=f"python -m simulations.{'cifar' if dataset == 'cifar10' else dataset}",
-        description=f"Federated DP-SGD on {dataset} with Flower's Ray simulation engine.",
-    )
-    p.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default 10)")
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--local-epochs", type=int)
-    p.add_argument("--target-epsilon", type=float, help="calibrate each client's σ to end at ≤ ε")
-    p.add_argument("--delta", type=float)
-    p.add_argument("--epsilon-budget", type=float, help="per-client ε budget of the server ledger")
-    p.add_argument("--client-epsilon-budget", type=float,
-                   help="ε budget in each simulated node's policy (default: --epsilon-budget, else "
-                        "--target-epsilon, else unlimited)")
-    p.add_argument("--num-examples-noise", type=float,
-                   help="nodes release N as a Gaussian count of this std (default: N is public)")
-    p.add_argument("--noise-multiplier", type=float, help="fixed σ for every client")
-    p.add_argument("--lot-size", type=int, help="expected Poisson lot size")
-    p.add_argument("--max-grad-norm", type=float)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
-    p.add_argument("--model", help="default: the data set's plan")
-    p.add_argument("--fraction-train", type=float, help="fraction of clients sampled per round")
-    p.add_argument("--fraction-evaluate", type=float,
-                   help="fraction of clients asked for a noisy, booked evaluation per round (default 0)")
-    p.add_argument("--partition", choices=["iid", "dirichlet", "shard"])
-    p.add_argument("--alpha", type=float, help="Dirichlet concentration")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--limit-train", type=int, help="use the first N training examples")
-    p.add_argument("--limit-test", type=int, help="use the first N test examples")
-    p.add_argument("--data-dir")
-    p.add_argument("--download", action="store_true", default=None)
-    p.add_argument("--out", default=f"runs/{dataset}", help="output folder")
-    p.add_argument("--state-dir", help="keep the server's ledger and checkpoints here and each node's "
-                                       "ledger under nodes/ (default: a temporary folder)")
-    p.add_argument("--resume", action="store_true", default=None,
-                   help="continue the run in --state-dir from its last completed round")
-    p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
-    p.add_argument("--cpus-per-client", type=float,
-                   help="default: torch's threads shared out, max(1, threads // clients)")
-    p.add_argument("--gpus-per-client", type=float, help="default 0.25 when CUDA is available")
-    return p
+    """The flags of ``python -m simulations.<dataset>`` (``simulations._cli``, which imports
+    nothing heavy); unset flags keep pyproject's defaults."""
+    return federated_parser(dataset)
 
 
 def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
@@ -100,6 +68,33 @@ def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, An
         if value is not None:
             overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir", "state-dir") else value
     return overrides
+
+
+def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any]) -> RunSettings:
+    """The fused run config as the apps will parse it (``RunSettings``, then the training plan
+    the server derives from it); a value they would refuse is ``parser.error`` naming its flag."""
+    from fedpriv.models import MODELS
+    from server.assign import base_plan
+
+    try:
+        settings = RunSettings.from_run_config(run_config)
+        if settings.model is not None and settings.model not in MODELS:
+            parser.error(f"argument --model: invalid choice: {settings.model!r} (choose from {', '.join(MODELS)})")
+        base_plan(settings)
+    except ValueError as err:  # SettingsError, or the plan's own checks
+        parser.error(flag_message(str(err), FLAGS))
+    return settings
+
+
+def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
+    """The data set is there (or downloaded now, once): one error from the command instead of
+    one per simulated client after Ray has started."""
+    from fedpriv.data import DatasetNotFoundError, check_available
+
+    try:
+        check_available(settings.dataset, settings.data_dir, settings.download)
+    except DatasetNotFoundError as err:
+        parser.error(str(err))
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
@@ -203,14 +198,16 @@ def simulate(
 
 def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     """Parse flags, simulate, add the total wall time to results.json, plot it."""
-    # Flower logs through its own handler; once a dependency gives the root logger one
-    # (a module-level ``logging.warning``), every line would print twice.
-    logging.getLogger("flwr").propagate = False
-    args = build_parser(dataset).parse_args(argv)
+    parser = build_parser(dataset)
+    args = parser.parse_args(argv)
+    use_cache_dir(parser, args.cache_dir)
     overrides = run_config_overrides(args, dataset)
     from flwr.common.config import get_fused_config_from_dir
 
     run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
+    settings = check_settings(parser, run_config)
+    check_data(parser, settings)
+    quiet_console()  # each log line once; no Ray accelerator tip
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
@@ -234,12 +231,18 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
 
 def _summary(results: dict[str, Any]) -> str:
     rounds = results["rounds"]
-    last = rounds[-1] if rounds else {}
+    resolved = results.get("resolved") or {}
+    accuracy = results.get("final_accuracy")
+    out = Path(results["settings"]["out"])
     lines = [
         f"rounds run: {len(rounds)}" + (f" (stopped: {results['stopped']})" if results["stopped"] else ""),
-        f"test accuracy: {last.get('test_accuracy')}",
-        f"ε per client: {epsilon_summary(results['final_epsilon'].values())}",
+        f"model: {resolved.get('model')}",
+        "test accuracy: " + ("n/a" if accuracy is None else f"{100 * accuracy:.2f} %")
+        + ("" if rounds else " (initial model)"),
+        f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}): "
+        f"{epsilon_summary(results['final_epsilon'].values())}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
+        f"written: {out / 'results.json'}, {out / 'accuracy.png'}, {out / 'epsilon.png'}",
     ]
     return "\n".join(lines)

@@ -13,71 +13,54 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
+from simulations._cli import Parser, add_cache_dir, at_least, delta, positive, use_cache_dir
 
-from fedpriv.data import DatasetNotFoundError, load_dataset
-from fedpriv.models import MODELS, build_model, model_inputs
-from fedpriv.privacy import ComposedEvent, epsilon_of
-from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
-from fedpriv.training import (
-    TrainingPlan,
-    calibrate_plan,
-    default_device,
-    default_epochs,
-    default_plan,
-    evaluate,
-    model_sha256,
-    train_round,
-)
+if TYPE_CHECKING:
+    from fedpriv.training import TrainingPlan
 
+# torch, the data sets and fedpriv's training are imported once the flags are checked, so
+# that a bad flag is one line at once.
 DATASETS = ("mnist", "cifar10")
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
+PROG = "python -m simulations.centralized"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m simulations.centralized",
+    p = Parser(
+        prog=PROG,
         description="Centralized DP-SGD baseline; prints the result as JSON.",
     )
-    p.add_argument("--dataset", choices=DATASETS, default="mnist")
+    p.add_argument("--dataset", choices=DATASETS, default="mnist", help="(default: mnist)")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--target-epsilon", type=_positive(float), default=None,
+    budget.add_argument("--target-epsilon", type=positive, default=None,
                         help="calibrate σ so the whole run ends at ε <= this (default 1)")
-    budget.add_argument("--noise-multiplier", type=_positive(float), help="fixed σ instead of a target ε")
+    budget.add_argument("--noise-multiplier", type=positive, help="fixed σ instead of a target ε")
     budget.add_argument("--non-private", action="store_true",
                         help="same schedule without clipping or noise (ε reported as null)")
-    p.add_argument("--delta", type=_positive(float), default=1e-5)
-    p.add_argument("--epochs", type=_positive(int), help="default: depends on the data set and ε")
-    p.add_argument("--model", choices=MODELS, help="default: the data set's plan")
-    p.add_argument("--lot-size", type=_positive(int), help="expected Poisson lot size")
-    p.add_argument("--lr", type=_positive(float))
+    p.add_argument("--delta", type=delta, default=1e-5, help="(default: 1e-5)")
+    p.add_argument("--epochs", type=at_least(1), help="default: depends on the data set and ε")
+    p.add_argument("--model", metavar="NAME", help="a fedpriv.models name (default: the data set's plan)")
+    p.add_argument("--lot-size", type=at_least(1), help="expected Poisson lot size")
+    p.add_argument("--lr", type=positive)
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
-    p.add_argument("--max-grad-norm", type=_positive(float))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-grad-norm", type=positive)
+    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--data-dir", help="root folder of the data sets (default ~/.cache/fedpriv)")
     p.add_argument("--download", action="store_true", help="download the data set if missing")
-    p.add_argument("--limit-train", type=_positive(int), help="use the first N training examples")
+    p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples")
     p.add_argument("--out", type=Path, help="also write the JSON result to this file")
+    add_cache_dir(p)
     return p
 
 
 def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
     """The data set's default plan with the flags' overrides (σ not yet calibrated)."""
+    from fedpriv.training import default_plan
+
     plan = default_plan(args.dataset, model=args.model, lot_size=args.lot_size, lr=args.lr,
                         lr_schedule=args.lr_schedule, max_grad_norm=args.max_grad_norm,
                         noise_multiplier=args.noise_multiplier)
@@ -86,6 +69,21 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
 
 def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     """Train ``plan`` (σ calibrated here unless fixed) and evaluate; the JSON-ready result."""
+    from tqdm.auto import tqdm
+
+    from fedpriv.data import load_dataset
+    from fedpriv.models import build_model, model_inputs
+    from fedpriv.privacy import ComposedEvent, epsilon_of
+    from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
+    from fedpriv.training import (
+        calibrate_plan,
+        default_device,
+        default_epochs,
+        evaluate,
+        model_sha256,
+        train_round,
+    )
+
     device = default_device()
     train = load_dataset(args.dataset, args.data_dir, train=True, download=args.download,
                          device=device, limit=args.limit_train)
@@ -94,6 +92,9 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     train_inputs, test_inputs = (model_inputs(plan.model, part.features) for part in (train, test))
     feature_seconds = time.perf_counter() - start
     num_examples = len(train.labels)
+    if plan.lot_size > num_examples:
+        print(f"{PROG}: note: lot size {plan.lot_size} > {num_examples} training examples: every "
+              f"example is in every lot (q = 1); reported as expected lot {num_examples}", file=sys.stderr)
     if not args.non_private and args.noise_multiplier is None:
         target = 1.0 if args.target_epsilon is None else args.target_epsilon
         epochs = args.epochs or default_epochs(args.dataset, target)
@@ -125,6 +126,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         "max_grad_norm": plan.max_grad_norm if plan.private else None,
         "sample_rate": plan.sample_rate(num_examples),
         "lot_size": plan.lot_size,
+        "expected_lot_size": plan.sample_rate(num_examples) * num_examples,
         "lr": plan.lr,
         "epochs": epochs,
         "steps": epochs * plan.steps_per_round(num_examples),
@@ -139,10 +141,21 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    use_cache_dir(parser, args.cache_dir)
+    from fedpriv.data import DatasetNotFoundError, check_available
+    from fedpriv.models import MODELS
+
+    if args.model is not None and args.model not in MODELS:
+        parser.error(f"argument --model: invalid choice: {args.model!r} (choose from {', '.join(MODELS)})")
+    try:  # every input checked before any data is loaded
+        plan = plan_from_args(args)
+        check_available(args.dataset, args.data_dir, args.download)
+    except (DatasetNotFoundError, ValueError) as err:  # no data set, or a plan out of range
+        parser.error(str(err))
     try:
-        result = run(args, plan_from_args(args))
-    except (DatasetNotFoundError, ValueError) as err:  # bad data dir or out-of-range setting
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+        result = run(args, plan)
+    except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a target ε out of reach
+        parser.error(str(err))
     text = json.dumps(result, indent=2)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

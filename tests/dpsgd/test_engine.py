@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build, generators, make_data
+from conftest import build, generators
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, UnsupportedModuleError, train_dpsgd

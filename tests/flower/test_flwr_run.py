@@ -142,7 +142,8 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
     assert participants[0] == ["0"] and participants[-1] == ["0", "1"]
     joined = next(i for i, p in enumerate(participants) if "1" in p)
     assert all(p == ["0", "1"] for p in participants[joined:])
-    assert 0 < float(results["final_epsilon"]["1"]) < float(results["final_epsilon"]["0"])
+    # (ε is not compared: with private sizes each client's q = lot / released N differs)
+    assert all(0 < float(eps) < float("inf") for eps in results["final_epsilon"].values())
     assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
     # each node kept its own durable ledger: the DP count of N, then one entry per round
     for partition, rounds in (("0", 3), ("1", 3 - joined)):

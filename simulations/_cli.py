@@ -1,0 +1,197 @@
+"""What every ``python -m simulations.*`` / ``benchmarks.*`` command shares on its command
+line: typed argparse converters, a parser whose errors are one line, ``--cache-dir``, and
+the flags of the federated commands (``simulations.mnist`` / ``simulations.cifar``).
+
+Nothing here imports torch, flwr or the data sets, so a bad flag is reported at once,
+before any of them (or Ray) is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CACHE_ENV = "FEDPRIV_CACHE_DIR"
+CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
+              "'off' disables it)")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose error is one line on stderr (``prog: error: message``,
+    exit status 2), without the usage block: ``--help`` has that. Flags are never
+    abbreviated, so a misspelt flag is an error rather than another flag."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _number(kind: type, text: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        value = _number(int, text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def positive(text: str) -> float:
+    """A finite number > 0."""
+    value = _number(float, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0."""
+    value = _number(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in (0, 1]: a fraction of clients that must not be empty."""
+    value = _number(float, text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    """A number in [0, 1]."""
+    value = _number(float, text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def delta(text: str) -> float:
+    """δ of a guarantee: in (0, 1)."""
+    value = _number(float, text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def add_cache_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", metavar="DIR", help=CACHE_HELP)
+
+
+def use_cache_dir(parser: argparse.ArgumentParser, cache_dir: str | None) -> None:
+    """Point ``$FEDPRIV_CACHE_DIR`` at ``--cache-dir`` (absolute) for this process and the
+    ones it starts (Ray workers inherit the environment); nothing without the flag."""
+    if cache_dir is None:
+        return
+    if cache_dir.strip().lower() == "off":  # fedpriv.cache's word for "no cache"
+        os.environ[CACHE_ENV] = "off"
+        return
+    path = Path(cache_dir).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        parser.error(f"argument --cache-dir: not a folder: {path}")
+    os.environ[CACHE_ENV] = str(path)
+
+
+def flag_message(message: str, flags: Mapping[str, str]) -> str:
+    """A run-config (or plan) error in the command's words: ``rounds must be >= 1`` becomes
+    ``argument --rounds: must be >= 1``, and ``resume needs state-dir`` becomes
+    ``--resume needs --state-dir``. ``flags`` maps kebab-case keys to their flags."""
+    def flag(key: str) -> str | None:
+        return flags.get(key.replace("_", "-"))
+
+    head = re.match(r"([a-z][a-z_-]*)(?::| (?=must ))\s*(.*)", message, re.S)
+    if head and flag(head.group(1)):
+        return f"argument {flag(head.group(1))}: {head.group(2)}"
+    return re.sub(r"(?<![\w-])[a-z][a-z_-]*(?![\w-])", lambda m: flag(m.group()) or m.group(), message)
+
+
+@functools.cache
+def run_config_defaults() -> dict[str, Any]:
+    """``[tool.flwr.app.config]`` of pyproject.toml: the defaults of the federated flags."""
+    with (PROJECT_ROOT / "pyproject.toml").open("rb") as file:
+        return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+
+
+def federated_parser(dataset: str) -> Parser:
+    """The flags of ``python -m simulations.<dataset>``; an unset flag keeps pyproject's default."""
+    d = run_config_defaults()
+    plan = "default: the data set's plan"
+    p = Parser(
+        prog=f"python -m simulations.{'cifar' if dataset == 'cifar10' else dataset}",
+        description=f"Federated DP-SGD on {dataset} with Flower's Ray simulation engine. Unset flags "
+                    "keep the run defaults of pyproject.toml's [tool.flwr.app.config].",
+    )
+    p.add_argument("--clients", type=at_least(1), default=10, help="simulated SuperNodes (default: 10)")
+    p.add_argument("--rounds", type=at_least(1), help=f"federated rounds (default: {d['rounds']})")
+    p.add_argument("--local-epochs", type=at_least(1),
+                   help=f"local epochs per round (default: {d['local-epochs']})")
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument("--target-epsilon", type=positive,
+                       help="calibrate each client's σ to end at ≤ ε (default: none, a fixed σ)")
+    noise.add_argument("--noise-multiplier", type=non_negative,
+                       help=f"fixed σ for every client, 0 for no noise ({plan})")
+    p.add_argument("--delta", type=delta, help=f"δ of every guarantee (default: {d['delta']})")
+    p.add_argument("--epsilon-budget", type=positive,
+                   help="per-client ε budget of the server ledger (default: --target-epsilon, else unlimited)")
+    p.add_argument("--client-epsilon-budget", type=positive,
+                   help="ε budget in each simulated node's policy (default: --epsilon-budget, else "
+                        "--target-epsilon, else unlimited)")
+    p.add_argument("--num-examples-noise", type=positive,
+                   help="nodes release N as a Gaussian count of this std (default: N is public)")
+    p.add_argument("--lot-size", type=at_least(1), help=f"expected Poisson lot size ({plan})")
+    p.add_argument("--max-grad-norm", type=positive, help=f"clipping norm C ({plan})")
+    p.add_argument("--lr", type=positive, help=f"learning rate ({plan})")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help=plan)
+    p.add_argument("--model", metavar="NAME", help=f"a fedpriv.models name ({plan})")
+    p.add_argument("--fraction-train", type=probability,
+                   help=f"fraction of clients sampled per round (default: {d['fraction-train']})")
+    p.add_argument("--fraction-evaluate", type=unit_interval,
+                   help="fraction of clients asked for a noisy, booked evaluation per round "
+                        f"(default: {d['fraction-evaluate']})")
+    p.add_argument("--partition", choices=["iid", "dirichlet", "shard"],
+                   help=f"how the training set is split (default: {d['partition']})")
+    p.add_argument("--alpha", type=positive, help=f"Dirichlet concentration (default: {d['alpha']})")
+    p.add_argument("--seed", type=int, help="seeds the server's sampling, partitions and model init, and "
+                                            f"the simulated nodes' randomness (default: {d['seed']})")
+    p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples (default: all)")
+    p.add_argument("--limit-test", type=at_least(1), help="use the first N test examples (default: all)")
+    p.add_argument("--data-dir", help="root folder of the data sets (default: $XDG_CACHE_HOME/fedpriv "
+                                      "or ~/.cache/fedpriv)")
+    p.add_argument("--download", action="store_true", default=None,
+                   help="download the data set if it is missing (default: no)")
+    p.add_argument("--out", default=f"runs/{dataset}", help=f"output folder (default: runs/{dataset})")
+    p.add_argument("--state-dir", help="keep the server's ledger and checkpoints here and each node's "
+                                       "ledger under nodes/ (default: a temporary folder)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue the run in --state-dir from its last completed round")
+    p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
+    p.add_argument("--cpus-per-client", type=positive,
+                   help="default: torch's threads shared out, max(1, threads // clients)")
+    p.add_argument("--gpus-per-client", type=non_negative, help="default: 0.25 when CUDA is available, else 0")
+    add_cache_dir(p)
+    return p
