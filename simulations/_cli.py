@@ -195,3 +195,18 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--gpus-per-client", type=non_negative, help="default: 0.25 when CUDA is available, else 0")
     add_cache_dir(p)
     return p
+
+
+def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m simulations.<dataset>``: a bad flag stops here, before torch, Flower and
+    Ray are imported; the cache folder is set before any of them is."""
+    parser = federated_parser(dataset)
+    use_cache_dir(parser, parser.parse_args(argv).cache_dir)
+    from simulations._federated import main
+
+    return main(dataset, argv)
+
+
+def entry_point(dataset: str) -> tuple[Callable[[], Parser], Callable[..., dict[str, Any]]]:
+    """``(build_parser, main)`` of ``simulations.<dataset>``."""
+    return functools.partial(federated_parser, dataset), functools.partial(run_federated, dataset)
