@@ -81,7 +81,11 @@ def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any
         if settings.model is not None and settings.model not in MODELS:
             parser.error(f"argument --model: invalid choice: {settings.model!r} (choose from {', '.join(MODELS)})")
         base_plan(settings)
-    except ValueError as err:  # SettingsError, or the plan's own checks
+        if settings.resume:
+            from server.state import ServerState
+
+            ServerState(settings.state_dir).load()  # StateError: nothing to resume there
+    except ValueError as err:  # SettingsError, StateError, or the plan's own checks
         parser.error(flag_message(str(err), FLAGS))
     return settings
 
