@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fedpriv.certificates import TlsFiles, write_tls
 from fedpriv.federation.policy import POLICY_ENV
 from fedpriv.privacy import GaussianEvent, PrivacyLedger
 from simulations._federated import PROJECT_ROOT
@@ -37,14 +38,18 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def _superlink(tmp_path: Path, simulation: bool):
-    """A SuperLink on a free loopback port; yields (env with FLWR_HOME pointing at it, port)."""
+def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None):
+    """A SuperLink on a free loopback port, with TLS when given its files; yields (env with
+    FLWR_HOME pointing at it, port)."""
     port = _free_port()
     home = tmp_path / "flwr-home"
     home.mkdir()
+    trust = f'root-certificates = "{tls.ca_cert}"' if tls else "insecure = true"
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\n{trust}\n'
     )
+    security = (["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.cert), "--ssl-keyfile", str(tls.key)]
+                if tls else ["--insecure"])
     # BIN first on PATH: the SuperLink starts flower-superexec by name, even from an
     # interpreter whose venv is not activated. The simulated nodes' policy (their
     # operator's) reaches them through the environment the SuperLink passes on.
@@ -55,14 +60,14 @@ def _superlink(tmp_path: Path, simulation: bool):
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", POLICY_ENV: str(policy)}
     log = (tmp_path / "superlink.log").open("w")
     process = subprocess.Popen(
-        [BIN / "flower-superlink", "--insecure", *(["--simulation"] if simulation else []),
+        [BIN / "flower-superlink", *security, *(["--simulation"] if simulation else []),
          "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
          "--database", str(home / "state.db"), "--disable-runtime-dependency-installation"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 60
-        while not _healthy(port):
+        while not _healthy(port, tls):
             assert process.poll() is None and time.monotonic() < deadline, "SuperLink did not start"
             time.sleep(0.5)
         yield env, port
@@ -78,8 +83,10 @@ def superlink(tmp_path):
         yield env
 
 
-def _healthy(port: int) -> bool:
+def _healthy(port: int, tls: TlsFiles | None = None) -> bool:
     try:
+        if tls:
+            return httpx.get(f"https://127.0.0.1:{port}/health", timeout=1, verify=str(tls.ca_cert)).is_success
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
     except httpx.HTTPError:
         return False
@@ -101,14 +108,14 @@ def test_flwr_run_one_round_two_supernodes(superlink, tmp_path, shared_data_dir)
     assert results["rounds"][0]["failed"] == {} and results["rounds"][0]["rejected"] == {}
 
 
-def _supernode(env: dict, superlink_port: int, partition: int, tmp_path: Path) -> subprocess.Popen:
-    """A SuperNode with its own policy on its command line (and none in its environment);
-    it releases its N as a DP count (the default)."""
+def _supernode(env: dict, superlink_port: int, partition: int, tmp_path: Path, tls: TlsFiles) -> subprocess.Popen:
+    """A SuperNode that trusts only the deployment's CA, with its own policy on its command
+    line (and none in its environment); it releases its N as a DP count (the default)."""
     node_config = (f"partition-id={partition} num-partitions=2 epsilon-budget=100.0 "
                    f"state-dir='{tmp_path}/deployed{partition}'")
     env = {k: v for k, v in env.items() if k != POLICY_ENV}
     return subprocess.Popen(
-        [BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{superlink_port}",
+        [BIN / "flower-supernode", "--root-certificates", str(tls.ca_cert), "--superlink", f"127.0.0.1:{superlink_port}",
          "--port", str(_free_port()), "--node-config", node_config],
         env=env, stdout=(tmp_path / f"node{partition}.log").open("w"), stderr=subprocess.STDOUT,
     )
@@ -119,8 +126,9 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
     out = tmp_path / "out"
     run_config = (f"rounds=3 min-clients=1 limit-train=400 limit-test=300 lot-size=50 noise-multiplier=1.0 "
                   f"data-dir='{shared_data_dir}' out='{out}'")
-    with _superlink(tmp_path, simulation=False) as (env, port):
-        nodes = [_supernode(env, port, 0, tmp_path)]
+    tls = write_tls(tmp_path / "certs", ["127.0.0.1"])
+    with _superlink(tmp_path, simulation=False, tls=tls) as (env, port):
+        nodes = [_supernode(env, port, 0, tmp_path, tls)]
         try:
             run_log = tmp_path / "run.log"
             with run_log.open("w") as log:
@@ -131,7 +139,7 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
                 while "configure_train: 1 of 1" not in run_log.read_text():
                     assert run.poll() is None and time.monotonic() < deadline, run_log.read_text()[-3000:]
                     time.sleep(0.2)
-                nodes.append(_supernode(env, port, 1, tmp_path))
+                nodes.append(_supernode(env, port, 1, tmp_path, tls))
                 assert run.wait(timeout=240) == 0, run_log.read_text()[-3000:]
         finally:
             for node in nodes:

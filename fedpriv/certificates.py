@@ -1,0 +1,139 @@
+"""TLS material for a deployment, made with the ``cryptography`` package: a private CA and
+the SuperLink's certificate for the names and addresses it is reached at.
+
+```bash
+python -m fedpriv.certificates --out certs/ --host 127.0.0.1 --host superlink.example.org
+flower-superlink --ssl-ca-certfile certs/ca.pem --ssl-certfile certs/superlink.pem --ssl-keyfile certs/superlink.key ...
+flower-supernode --root-certificates certs/ca.pem --superlink superlink.example.org:9092 ...
+```
+
+Only ``ca.pem`` goes to the SuperNodes and to whoever runs ``flwr run``; ``ca.key`` signs
+certificates and should be kept offline; ``superlink.key`` stays on the server. Keys are
+ECDSA P-256, written with mode 0600; certificates are valid for ``days`` days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedpriv.files import write_bytes_atomic
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Where ``write_tls`` put each file."""
+
+    ca_cert: Path
+    ca_key: Path
+    cert: Path
+    key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _san(host: str) -> x509.GeneralName:
+    """An IP address entry for an address, a DNS entry for a name."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def make_ca(days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA that may sign end-entity certificates only (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedpriv deployment CA")).issuer_name(_name("fedpriv deployment CA"))
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def make_server_certificate(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: list[str], days: int = 365
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A TLS server certificate for ``hosts`` (names and IP addresses), signed by the CA."""
+    if not hosts:
+        raise ValueError("a server certificate needs at least one host name or address")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def write_tls(folder: str | os.PathLike[str], hosts: list[str], days: int = 365) -> TlsFiles:
+    """Write ``ca.pem``/``ca.key`` and ``superlink.pem``/``superlink.key`` into ``folder``
+    (keys with mode 0600); refuses to overwrite an existing CA key."""
+    folder = Path(folder)
+    files = TlsFiles(folder / "ca.pem", folder / "ca.key", folder / "superlink.pem", folder / "superlink.key")
+    if files.ca_key.exists():
+        raise FileExistsError(f"{files.ca_key} exists: refusing to replace a CA (delete it first if you mean to)")
+    ca_key, ca_cert = make_ca(days)
+    key, cert = make_server_certificate(ca_key, ca_cert, hosts, days)
+    for path, data, private in ((files.ca_key, _key_pem(ca_key), True), (files.key, _key_pem(key), True),
+                                (files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), False),
+                                (files.cert, cert.public_bytes(serialization.Encoding.PEM), False)):
+        write_bytes_atomic(path, data)  # created 0600 by mkstemp
+        if not private:
+            path.chmod(0o644)
+    return files
+
+
+def main(argv: list[str] | None = None) -> TlsFiles:
+    parser = argparse.ArgumentParser(prog="python -m fedpriv.certificates",
+                                     description="Make a private CA and the SuperLink's TLS certificate.")
+    parser.add_argument("--out", type=Path, required=True, help="folder for ca.pem, ca.key, superlink.pem, superlink.key")
+    parser.add_argument("--host", action="append", required=True,
+                        help="a name or IP address the SuperLink is reached at (repeat for several)")
+    parser.add_argument("--days", type=int, default=365, help="validity (default: 365)")
+    args = parser.parse_args(argv)
+    if args.days < 1:
+        parser.error(f"argument --days: must be >= 1, got {args.days}")
+    try:
+        files = write_tls(args.out, args.host, args.days)
+    except (FileExistsError, ValueError) as err:
+        parser.error(str(err))
+    print(f"wrote {files.ca_cert} (give to SuperNodes and flwr), {files.cert} and {files.key} (SuperLink), "
+          f"{files.ca_key} (keep offline)")
+    return files
+
+
+if __name__ == "__main__":
+    main()
