@@ -1,10 +1,14 @@
-"""TLS material for a deployment, made with the ``cryptography`` package: a private CA and
-the SuperLink's certificate for the names and addresses it is reached at.
+"""TLS and SuperNode-authentication material for a deployment, made with the ``cryptography``
+package: a private CA, the SuperLink's certificate for the names and addresses it is reached
+at, and each SuperNode's key pair (Flower's format: OpenSSH, EC P-384).
 
 ```bash
-python -m fedpriv.certificates --out certs/ --host 127.0.0.1 --host superlink.example.org
-flower-superlink --ssl-ca-certfile certs/ca.pem --ssl-certfile certs/superlink.pem --ssl-keyfile certs/superlink.key ...
-flower-supernode --root-certificates certs/ca.pem --superlink superlink.example.org:9092 ...
+python -m fedpriv.certificates --out certs/ --host superlink.example.org --node hospital-a --node hospital-b
+flower-superlink --ssl-ca-certfile certs/ca.pem --ssl-certfile certs/superlink.pem \
+    --ssl-keyfile certs/superlink.key --enable-supernode-auth ...
+flwr supernode register certs/hospital-a.pub          # only registered nodes may join
+flower-supernode --root-certificates certs/ca.pem --auth-supernode-private-key certs/hospital-a.key \
+    --superlink superlink.example.org:9092 ...
 ```
 
 Only ``ca.pem`` goes to the SuperNodes and to whoever runs ``flwr run``; ``ca.key`` signs
@@ -116,6 +120,23 @@ def write_tls(folder: str | os.PathLike[str], hosts: list[str], days: int = 365)
     return files
 
 
+def write_node_key(folder: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
+    """A SuperNode's authentication key pair, in the OpenSSH formats Flower reads (EC P-384):
+    ``<name>.key`` (mode 0600, for ``flower-supernode --auth-supernode-private-key``) and
+    ``<name>.pub`` (for ``flwr supernode register``). Refuses to overwrite a key."""
+    folder = Path(folder)
+    private, public = folder / f"{name}.key", folder / f"{name}.pub"
+    if private.exists():
+        raise FileExistsError(f"{private} exists: refusing to replace a node's key")
+    key = ec.generate_private_key(ec.SECP384R1())
+    write_bytes_atomic(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                  serialization.NoEncryption()))
+    write_bytes_atomic(public, key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                             serialization.PublicFormat.OpenSSH) + b"\n")
+    public.chmod(0o644)
+    return private, public
+
+
 def main(argv: list[str] | None = None) -> TlsFiles:
     parser = argparse.ArgumentParser(prog="python -m fedpriv.certificates",
                                      description="Make a private CA and the SuperLink's TLS certificate.")
@@ -123,15 +144,20 @@ def main(argv: list[str] | None = None) -> TlsFiles:
     parser.add_argument("--host", action="append", required=True,
                         help="a name or IP address the SuperLink is reached at (repeat for several)")
     parser.add_argument("--days", type=int, default=365, help="validity (default: 365)")
+    parser.add_argument("--node", action="append", default=[],
+                        help="also make this SuperNode's authentication key pair, NAME.key / NAME.pub (repeat)")
     args = parser.parse_args(argv)
     if args.days < 1:
         parser.error(f"argument --days: must be >= 1, got {args.days}")
     try:
         files = write_tls(args.out, args.host, args.days)
+        nodes = [write_node_key(args.out, name) for name in args.node]
     except (FileExistsError, ValueError) as err:
         parser.error(str(err))
     print(f"wrote {files.ca_cert} (give to SuperNodes and flwr), {files.cert} and {files.key} (SuperLink), "
           f"{files.ca_key} (keep offline)")
+    for private, public in nodes:
+        print(f"wrote {private} (that SuperNode only) and {public} (flwr supernode register {public})")
     return files
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedpriv.certificates import TlsFiles, write_tls
+from fedpriv.certificates import TlsFiles, write_node_key, write_tls
 from fedpriv.federation.policy import POLICY_ENV
 from fedpriv.privacy import GaussianEvent, PrivacyLedger
 from simulations._federated import PROJECT_ROOT
@@ -38,7 +38,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None):
+def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, extra: tuple[str, ...] = ()):
     """A SuperLink on a free loopback port, with TLS when given its files; yields (env with
     FLWR_HOME pointing at it, port)."""
     port = _free_port()
@@ -60,7 +60,7 @@ def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None):
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", POLICY_ENV: str(policy)}
     log = (tmp_path / "superlink.log").open("w")
     process = subprocess.Popen(
-        [BIN / "flower-superlink", *security, *(["--simulation"] if simulation else []),
+        [BIN / "flower-superlink", *security, *extra, *(["--simulation"] if simulation else []),
          "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
          "--database", str(home / "state.db"), "--disable-runtime-dependency-installation"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -159,3 +159,39 @@ def test_deployment_with_a_supernode_that_joins_mid_run(tmp_path, shared_data_di
         entries = list(node.entries(partition))
         assert entries[0].startswith("release/num-examples/") and len(entries) == 1 + rounds
         assert node.entries(partition)[entries[0]] == (GaussianEvent(20.0),)
+
+
+def test_only_registered_supernodes_that_trust_the_ca_join(tmp_path):
+    # Prepare: a TLS SuperLink with SuperNode authentication; node 0's key is registered
+    tls = write_tls(tmp_path / "certs", ["127.0.0.1"])
+    other_ca = write_tls(tmp_path / "other", ["127.0.0.1"])
+    keys = {name: write_node_key(tmp_path / "keys", name) for name in ("registered", "unregistered")}
+    with _superlink(tmp_path, simulation=False, tls=tls, extra=("--enable-supernode-auth",)) as (env, port):
+        register = subprocess.run([BIN / "flwr", "supernode", "register", str(keys["registered"][1]), "test"],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert register.returncode == 0, register.stdout + register.stderr
+
+        def node(name, key, ca):
+            return subprocess.Popen(
+                [BIN / "flower-supernode", "--root-certificates", str(ca), "--superlink", f"127.0.0.1:{port}",
+                 "--auth-supernode-private-key", str(key), "--port", str(_free_port()), "--max-retries", "2",
+                 "--node-config", "partition-id=0 num-partitions=1"],
+                env=env, stdout=(tmp_path / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
+
+        # Execute: the registered node, an unregistered key, and the registered key without the CA
+        nodes = {"registered": node("registered", keys["registered"][0], tls.ca_cert),
+                 "unregistered": node("unregistered", keys["unregistered"][0], tls.ca_cert),
+                 "wrong-ca": node("wrong-ca", keys["registered"][0], other_ca.ca_cert)}
+        try:
+            refused = {name: nodes[name].wait(timeout=90) for name in ("unregistered", "wrong-ca")}
+            listing = subprocess.run([BIN / "flwr", "supernode", "ls", "test", "--format", "json"],
+                                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        finally:
+            for process in nodes.values():
+                if process.poll() is None:
+                    _stop(process)
+    # Assert: both others gave up with an error; only the registered node is online
+    assert all(code != 0 for code in refused.values()), refused
+    assert "Failed to activate SuperNode" in (tmp_path / "unregistered.log").read_text()
+    online = [n for n in json.loads(listing.stdout)["nodes"] if n["status"] == "online"]
+    assert len(online) == 1, listing.stdout
