@@ -6,8 +6,10 @@ import stat
 import threading
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedpriv.certificates import main, write_tls
+from fedpriv.certificates import main, write_node_key, write_tls
 
 
 def _handshake(server_files, client_ca, host="127.0.0.1") -> None:
@@ -57,3 +59,13 @@ def test_private_keys_are_owner_only_and_a_ca_is_never_replaced(tmp_path, capsys
     with pytest.raises(SystemExit) as exit_:
         main(["--out", str(tmp_path), "--host", "127.0.0.1"])
     assert exit_.value.code == 2 and files.ca_key.read_bytes() == before
+
+
+def test_a_node_key_is_what_flower_reads_and_is_never_replaced(tmp_path):
+    private, public = write_node_key(tmp_path, "node0")
+    key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert serialization.load_ssh_public_key(public.read_bytes()) == key.public_key()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        write_node_key(tmp_path, "node0")
