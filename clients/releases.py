@@ -91,7 +91,7 @@ def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mappin
         noise = float(node_noise(policy, 1, policy.num_examples_noise, "num-examples", key, ordinal)[0])
         stored = {"value": max(1, round(num_examples + noise)), "entry": entry,
                   "events": [event_to_dict(e) for e in events]}
-        releases = _read_releases(policy)
+        releases = _read_releases(policy)  # again: another run may have released another partition meanwhile
         releases[key] = stored
         write_json_atomic(policy.releases_path, releases)
     events = tuple(event_from_dict(e) for e in stored["events"])

@@ -99,6 +99,11 @@ def _read_events_json(text: Any) -> tuple[DpEvent, ...]:
         data = json.loads(str(text))
     except json.JSONDecodeError as err:
         raise ProtocolError(f"events are not JSON: {err}") from err
+    return _events_from_list(data)
+
+
+def _events_from_list(data: Any) -> tuple[DpEvent, ...]:
+    """Events from their decoded JSON form (a list of event dicts)."""
     if not isinstance(data, list):
         raise ProtocolError(f"events must be a JSON list, got {type(data).__name__}")
     try:
@@ -134,9 +139,9 @@ def read_releases(record: ConfigRecord) -> tuple[dict[str, tuple[DpEvent, ...]],
         evaluate = record[EVALUATE_EVENTS]
     except (KeyError, json.JSONDecodeError) as err:
         raise ProtocolError(f"unreadable privacy record: {err}") from err
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, list) for k, v in data.items()):
+    if not isinstance(data, dict):
         raise ProtocolError("'entries' must map entry keys to event lists")
-    entries = {entry: _read_events_json(json.dumps(evs)) for entry, evs in data.items()}
+    entries = {entry: _events_from_list(evs) for entry, evs in data.items()}
     return entries, _read_events_json(evaluate)
 
 
