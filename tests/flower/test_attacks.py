@@ -13,6 +13,7 @@ from scipy import stats
 from clients.client_app import app
 from clients.task import local_data
 from fedpriv.federation import protocol
+from fedpriv.federation.policy import LOSS_CLIP
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
@@ -235,3 +236,27 @@ def test_a_malformed_train_message_is_refused_and_books_nothing(run_config, tmp_
                   content, MessageType.TRAIN)
     assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
     assert not (tmp_path / "ledger.json").exists()
+
+
+def test_an_evaluation_releases_each_records_loss_clipped_whatever_the_model(run_config, tmp_path):
+    # The curious server sends a model whose loss is NaN on every record (the NaN-oracle
+    # weights): each record must still count at most LOSS_CLIP in the loss sum, so the
+    # release is the clipped sum plus N(0, (LOSS_CLIP·s)²) and nothing non-finite.
+    state = build_model("cnn", 0).state_dict()
+    state["7.bias"] = torch.full_like(state["7.bias"], 1e3)
+    state["9.weight"] = torch.full_like(state["9.weight"], 1e38)
+    context = _context(run_config, tmp_path, **{"epsilon-budget": math.inf, "allow-evaluate": True,
+                                                "evaluate-noise": 20.0})
+    config = ConfigRecord({protocol.MODEL: "cnn", protocol.RUN_KEY: "run-a"})
+    losses = []
+    for r in range(1, 201):
+        config[protocol.SERVER_ROUND] = r
+        reply = _send(context, RecordDict({protocol.ARRAYS: ArrayRecord(state), protocol.CONFIG: config}),
+                      MessageType.EVALUATE)
+        losses.append(reply.content.metric_records[protocol.METRICS][protocol.LOSS_SUM])
+    losses = np.array(losses)
+    n_test, std = 100, LOSS_CLIP * 20.0
+    assert np.isfinite(losses).all()
+    assert abs(losses.mean() - n_test * LOSS_CLIP) < 5 * std / math.sqrt(200)
+    chi2 = 199 * losses.var(ddof=1) / std**2
+    assert stats.chi2.sf(chi2, 199) > 1e-6 and stats.chi2.cdf(chi2, 199) > 1e-6
