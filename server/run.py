@@ -94,7 +94,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
                 arrays = _round(grid, strategy, server_round, arrays, model_name)
             except BudgetExhausted as stop:
                 history.stopped = str(stop)
-                if server_round == 1:
+                if not strategy.nodes:
+                    log(WARNING, "Nothing to train: no node described itself (each refused or failed; see above)")
+                elif server_round == 1:
                     log(WARNING, "Nothing to train: all %d clients have spent their budget", len(strategy.nodes))
                 else:
                     log(WARNING, "Stopping: %s", stop)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fedpriv.federation.policy import POLICY_ENV
+from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.seeding import SIMULATION_RUN_ID
@@ -117,24 +117,12 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
     }
 
 
-def _toml(values: Mapping[str, Any]) -> str:
-    """A flat TOML table (str, bool, int, float incl. inf)."""
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, float) and math.isinf(v):
-            return "inf"
-        return json.dumps(v)
-
-    return "".join(f"{k} = {value(v)}\n" for k, v in values.items())
-
-
 @contextlib.contextmanager
 def node_policy_env(policy: Mapping[str, Any], state_dir: Path) -> Iterator[Path]:
     """Write the simulated nodes' policy file and point ``FEDPRIV_NODE_POLICY`` at it for
     the simulation's processes (Ray workers inherit the environment)."""
     path = state_dir / "nodes" / "policy.toml"
-    write_bytes_atomic(path, _toml(policy).encode())
+    write_bytes_atomic(path, policy_file_text(policy).encode())
     saved = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = str(path)
     try:

@@ -22,6 +22,10 @@ Keys (kebab-case, as in ``--node-config``):
 - ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
   correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
+- ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
+  (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
+  deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
+  starts. Empty (the default) there means *no* app is trusted.
 
 The run config may only *tighten*: ``client-epsilon-budget`` and ``delta`` of a run lower
 the node's ε and δ for that run's checks (``effective_budget``).
@@ -29,6 +33,7 @@ the node's ε and δ for that run's checks (``effective_budget``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tomllib
@@ -83,6 +88,7 @@ class NodePolicy:
     allow_evaluate: bool = False
     evaluate_noise: float = 20.0
     accountant: AccountantKind = AccountantKind.RDP
+    trusted_apps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon_budget, (int, float)) and self.epsilon_budget > 0):
@@ -150,6 +156,19 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
     return NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()})
 
 
+def policy_file_text(values: Mapping[str, Any]) -> str:
+    """A policy file (flat TOML) holding ``values``: str, bool, int, float (inf too) or a
+    list of str."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and math.isinf(v):
+            return "inf"
+        return json.dumps(v)
+
+    return "".join(f"{k} = {value(v)}\n" for k, v in values.items())
+
+
 def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
     """One policy value to its field's type; ``PolicyError`` on a bad one."""
     try:
@@ -159,6 +178,8 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
             return Randomness(value)
         if name == "accountant":
             return AccountantKind(value)
+        if name == "trusted_apps":
+            return _digests(value)
         if name in ("public_num_examples", "allow_evaluate"):
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
@@ -175,3 +196,14 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
         return number
     except (TypeError, ValueError) as err:
         raise PolicyError(f"node policy: bad value {value!r} for '{name.replace('_', '-')}'") from err
+
+
+def _digests(value: Any) -> tuple[str, ...]:
+    """SHA-256 hex digests from a comma-separated string or a list of strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise TypeError
+    digests = tuple(i.strip().lower() for i in items if i.strip())
+    if not all(len(d) == 64 and set(d) <= set("0123456789abcdef") for d in digests):
+        raise ValueError
+    return digests

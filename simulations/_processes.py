@@ -1,0 +1,170 @@
+"""Flower's deployment processes (SuperLink, SuperNodes, the ``flwr`` CLI) on this machine.
+
+Shared by ``simulations.deployment`` and the tests that deploy for real. Every process is
+started in its own process group and recorded in a ``Processes``, whose exit stops each
+group by PID (SIGTERM, then SIGKILL): the SuperLink's and SuperNodes' own children
+(SuperExec, ServerApp, ClientApps) go with them, on success, error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from fedpriv.certificates import TlsFiles
+from fedpriv.federation.policy import POLICY_ENV
+
+BIN = Path(sys.executable).parent
+"""The venv's scripts: flower-superlink, flower-supernode, flwr, ray."""
+
+
+class ProcessError(RuntimeError):
+    """A process did not start, or ended with an error; the message says which and where its log is."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def base_env(flwr_home: Path | None = None) -> dict[str, str]:
+    """This environment minus any node policy, with the venv's scripts first on PATH (Flower
+    starts flower-superexec and flwr-clientapp by name), and FLWR_HOME when given."""
+    env = {k: v for k, v in os.environ.items() if k != POLICY_ENV}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
+    return env
+
+
+def write_flwr_config(flwr_home: Path, name: str, address: str, tls: TlsFiles | None) -> None:
+    """The ``flwr`` CLI's connection ``name`` to the SuperLink at ``address``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    trust = f'root-certificates = "{tls.ca_cert}"' if tls else "insecure = true"
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{trust}\n')
+
+
+def healthy(address: str, tls: TlsFiles | None) -> bool:
+    """Whether the SuperLink at ``address`` answers its health check."""
+    try:
+        if tls:
+            return httpx.get(f"https://{address}/health", timeout=1, verify=str(tls.ca_cert)).is_success
+        return httpx.get(f"http://{address}/health", timeout=1).is_success
+    except httpx.HTTPError:
+        return False
+
+
+def superlink_command(port: int, database: Path, tls: TlsFiles | None, *, simulation: bool = False,
+                      supernode_auth: bool = False, host: str = "127.0.0.1") -> list[str]:
+    security = (["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.cert), "--ssl-keyfile", str(tls.key)]
+                if tls else ["--insecure"])
+    return [str(BIN / "flower-superlink"), *security, *(["--enable-supernode-auth"] if supernode_auth else []),
+            *(["--simulation"] if simulation else []), "--isolation", "subprocess", "--host", host,
+            "--port", str(port), "--database", str(database), "--disable-runtime-dependency-installation"]
+
+
+def supernode_command(superlink: str, node_config: str, tls: TlsFiles | None, key: Path | None = None,
+                      max_retries: int | None = None) -> list[str]:
+    security = ["--root-certificates", str(tls.ca_cert)] if tls else ["--insecure"]
+    return [str(BIN / "flower-supernode"), *security, "--superlink", superlink,
+            *(["--auth-supernode-private-key", str(key)] if key else []),
+            *(["--max-retries", str(max_retries)] if max_retries is not None else []),
+            "--port", str(free_port()), "--node-config", node_config]
+
+
+@dataclass
+class Started:
+    """One process this program started, and where its output goes."""
+
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+class Processes:
+    """The processes one deployment started; ``stop_all`` (also on exit) stops each group."""
+
+    def __init__(self) -> None:
+        self.started: list[Started] = []
+
+    def start(self, name: str, command: Sequence[str], env: Mapping[str, str], log: Path,
+              cwd: Path | None = None) -> Started:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            process = subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        started = Started(name, process, log)
+        self.started.append(started)
+        return started
+
+    def wait_until(self, ready: callable, started: Started, timeout: float, what: str) -> None:
+        """Poll ``ready()`` until true; ``ProcessError`` if ``started`` exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if started.process.poll() is not None:
+                raise ProcessError(f"{started.name} exited with code {started.process.returncode} before {what}; "
+                                   f"log {started.log}:\n{started.tail()}")
+            if time.monotonic() > deadline:
+                raise ProcessError(f"{started.name} did not {what} within {timeout:.0f} s; log {started.log}")
+            time.sleep(0.2)
+
+    def stop(self, started: Started, timeout: float = 20) -> None:
+        """SIGTERM to the process group, SIGKILL after ``timeout`` s."""
+        stop_group(started.process, timeout)
+
+    def stop_all(self) -> None:
+        for started in reversed(self.started):
+            self.stop(started)
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop ``process`` and everything in its process group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=timeout)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # the leader is gone; its group may not be
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into ``KeyboardInterrupt`` meanwhile, so ``finally`` blocks stop what was started."""
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,363 @@
+"""A real deployment on this machine: ``python -m simulations.deployment --nodes 2 --rounds 2 --out DIR``.
+
+Starts, as separate processes on 127.0.0.1:
+
+- a SuperLink with TLS (a CA and its certificate, made in ``DIR/certs``) and SuperNode
+  authentication;
+- N SuperNodes, each with its own key (registered with the SuperLink), state folder and
+  privacy policy (``DIR/nodes/<i>/``), and each running only the app bundle its policy pins;
+
+then runs the app with ``flwr run`` from a frozen copy of it (``DIR/app``), and writes the
+server's ``DIR/results.json`` and ``DIR/nodes.json`` (each node's ε, read from its own
+ledger ``DIR/nodes/<i>/state/ledger.json``). Every process it started is stopped by PID on
+the way out, also on Ctrl-C or SIGTERM. ``--netns`` puts each SuperNode in its own network
+namespace joined to the SuperLink by veth (root and ``ip netns`` permitting).
+``--resume`` continues a run whose SuperLink or ServerApp died, from the server's last
+checkpoint in ``DIR/server``. See docs/deployment.md for the same steps on real machines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulations._cli import PROJECT_ROOT, Parser, at_least, delta, positive
+
+FEDERATION = "deployment"
+"""The ``flwr`` CLI's name for this deployment's SuperLink (in ``DIR/flwr-home``)."""
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where one SuperNode's operator keeps its files."""
+
+    folder: Path
+
+    @property
+    def key(self) -> Path:
+        return self.folder / "auth.key"
+
+    @property
+    def public_key(self) -> Path:
+        return self.folder / "auth.pub"
+
+    @property
+    def policy(self) -> Path:
+        return self.folder / "policy.toml"
+
+    @property
+    def state(self) -> Path:
+        return self.folder / "state"
+
+    @property
+    def bin(self) -> Path:
+        """Holds the ``flwr-clientapp`` that checks the app pin (first on the node's PATH)."""
+        return self.folder / "bin"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "supernode.log"
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m simulations.deployment", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=at_least(1), required=True, help="SuperNodes to start")
+    p.add_argument("--rounds", type=at_least(1), required=True, help="federated rounds")
+    p.add_argument("--min-clients", type=at_least(1), help="nodes the server waits for (default: --nodes)")
+    p.add_argument("--target-epsilon", type=positive, default=1.0,
+                   help="the server calibrates σ so each node ends at ≤ ε (default: 1)")
+    p.add_argument("--delta", type=delta, default=1e-5, help="δ (default: 1e-5)")
+    p.add_argument("--node-epsilon-budget", type=positive,
+                   help="ε budget in each node's own policy (default: --target-epsilon)")
+    p.add_argument("--limit-train", type=at_least(1), help="use the first N MNIST training examples (default: all)")
+    p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
+    p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout (default: the cache)")
+    p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
+    p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
+    p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
+    p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
+    return p
+
+
+def run_config(args: Any, out: Path) -> dict[str, Any]:
+    """The run config ``flwr run`` sends (the server's settings, not the nodes' policies)."""
+    config: dict[str, Any] = {
+        "dataset": "mnist", "rounds": args.rounds, "min-clients": args.min_clients or args.nodes,
+        "target-epsilon": args.target_epsilon, "delta": args.delta, "seed": args.seed,
+        "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
+    }
+    if args.limit_train:
+        config["limit-train"] = args.limit_train
+    if args.data_dir:
+        config["data-dir"] = str(Path(args.data_dir).resolve())
+    return config
+
+
+def config_arg(config: Mapping[str, Any]) -> str:
+    """``--run-config`` / ``--node-config`` text: TOML values, space-separated."""
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in config.items())
+
+
+def freeze_app(folder: Path) -> str:
+    """Copy the app bundle's files into ``folder`` (so edits to the checkout during the run
+    change nothing) and return the digest of the bundle ``flwr run folder`` sends."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from clients.pinned import app_digest
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(PROJECT_ROOT))) as bundle:
+        bundle.extractall(folder, [n for n in bundle.namelist() if not n.startswith(".info/")])
+    return app_digest(build_fab_from_disk(folder))
+
+
+def node_policy(node: NodeFiles, args: Any, app: str) -> dict[str, Any]:
+    """What node ``i``'s operator promises: its budget, state, CSPRNG noise, the pinned app."""
+    return {"epsilon-budget": args.node_epsilon_budget or args.target_epsilon, "delta": args.delta,
+            "state-dir": str(node.state), "randomness": "secure", "trusted-apps": [app]}
+
+
+class Deployment:
+    """A SuperLink and SuperNodes on this machine, as ``simulations.deployment`` runs them;
+    the tests drive it directly to kill and restart its processes."""
+
+    def __init__(self, out: Path, nodes: int, network: Network) -> None:
+        from simulations._processes import Processes, base_env
+
+        self.out, self.num_nodes, self.network = out, nodes, network
+        self.processes = Processes()
+        self.env = base_env(out / "flwr-home")
+        self.nodes = [NodeFiles(out / "nodes" / str(i)) for i in range(nodes)]
+        self.superlink = None
+        self.supernodes: dict[int, Any] = {}
+
+    def prepare(self, policy: Mapping[str, Any] | None = None, app: str | None = None, args: Any = None) -> None:
+        """Certificates and keys (kept across restarts), policies and the pin shims."""
+        from clients.pinned import write_shim
+        from fedpriv.certificates import write_node_key, write_tls
+        from fedpriv.files import write_bytes_atomic
+        from fedpriv.federation.policy import policy_file_text
+
+        certs = self.out / "certs"
+        if not (certs / "ca.key").exists():
+            write_tls(certs, self.network.superlink_hosts)
+        for node in self.nodes:
+            if not node.key.exists():
+                key, public = write_node_key(node.folder, "auth")
+                assert (key, public) == (node.key, node.public_key)
+            write_shim(node.bin)
+            values = dict(policy) if policy is not None else node_policy(node, args, app or "")
+            write_bytes_atomic(node.policy, policy_file_text(values).encode())
+
+    @property
+    def tls(self) -> Any:
+        from fedpriv.certificates import TlsFiles
+
+        certs = self.out / "certs"
+        return TlsFiles(certs / "ca.pem", certs / "ca.key", certs / "superlink.pem", certs / "superlink.key")
+
+    def start_superlink(self) -> None:
+        """A fresh SuperLink (new database), healthy, with every node's key registered."""
+        from simulations._processes import free_port, healthy, superlink_command, write_flwr_config
+
+        folder = self.out / "superlink"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        port = free_port(self.network.superlink_host)
+        self.address = f"{self.network.superlink_host}:{port}"
+        write_flwr_config(self.out / "flwr-home", FEDERATION, self.address, self.tls)
+        self.superlink = self.processes.start(
+            "SuperLink", superlink_command(port, folder / "state.db", self.tls, supernode_auth=True,
+                                           host=self.network.superlink_host), self.env, folder / "superlink.log")
+        self.processes.wait_until(lambda: healthy(self.address, self.tls), self.superlink, 90, "answer its health check")
+        for node in self.nodes:
+            self.flwr("supernode", "register", str(node.public_key), FEDERATION)
+
+    def start_node(self, i: int) -> None:
+        """SuperNode ``i`` with its policy file, its key, the CA and the pin shim first on PATH."""
+        from simulations._processes import supernode_command
+
+        node = self.nodes[i]
+        node_config = config_arg({"partition-id": i, "num-partitions": self.num_nodes, "policy": str(node.policy)})
+        command = supernode_command(self.address, node_config, self.tls, key=node.key)
+        env = {**self.env, "PATH": f"{node.bin}:{self.env['PATH']}"}
+        self.supernodes[i] = self.processes.start(f"SuperNode {i}", self.network.wrap(i, command), env, node.log)
+
+    def flwr(self, *command: str, timeout: float = 120) -> str:
+        """A ``flwr`` CLI command against this deployment; its output, or ``ProcessError``."""
+        from simulations._processes import BIN, ProcessError
+
+        done = subprocess.run([str(BIN / "flwr"), *command], env=self.env, cwd=self.out, capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise ProcessError(f"flwr {' '.join(command)} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return done.stdout
+
+    def start_run(self, app: Path, config: Mapping[str, Any]) -> Any:
+        """``flwr run`` of ``app`` with ``config``, streaming the run's log to ``DIR/run.log``."""
+        from simulations._processes import BIN
+
+        command = [str(BIN / "flwr"), "run", str(app), FEDERATION, "--run-config", config_arg(config), "--stream"]
+        return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out)
+
+    def node_epsilons(self, delta_: float) -> dict[str, dict[str, Any]]:
+        """Each node's spent ε at ``delta_`` and entry count, read from its own ledger."""
+        from fedpriv.privacy import PrivacyLedger
+
+        spent = {}
+        for i, node in enumerate(self.nodes):
+            path = node.state / "ledger.json"
+            ledger = PrivacyLedger.load(path) if path.exists() else None
+            entries = list(ledger.entries(str(i))) if ledger else []
+            spent[str(i)] = {"epsilon": ledger.spent_at(str(i), delta_) if entries else 0.0,
+                             "entries": entries, "ledger": str(path)}
+        return spent
+
+    def close(self) -> None:
+        self.processes.stop_all()
+
+
+class Network:
+    """Where the SuperLink listens and how a SuperNode's command runs: on loopback, or in
+    its own network namespace joined to a bridge by veth (``--netns``)."""
+
+    superlink_host = "127.0.0.1"
+
+    @property
+    def superlink_hosts(self) -> list[str]:
+        return [self.superlink_host]
+
+    def wrap(self, i: int, command: list[str]) -> list[str]:
+        return command
+
+
+class NamespaceNetwork(Network):
+    """A bridge ``fpbr<tag>`` at 10.77.0.1/24 on this host; SuperNode ``i`` in namespace
+    ``fedpriv-<tag>-<i>`` at 10.77.0.(10 + i), its veth's other end on the bridge."""
+
+    superlink_host = "10.77.0.1"
+
+    def __init__(self, nodes: int, tag: str) -> None:
+        self.nodes, self.tag = nodes, tag
+        self.bridge = f"fpbr{tag}"
+
+    @property
+    def superlink_hosts(self) -> list[str]:
+        return [self.superlink_host, "127.0.0.1"]
+
+    def namespace(self, i: int) -> str:
+        return f"fedpriv-{self.tag}-{i}"
+
+    def wrap(self, i: int, command: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(i), *command]
+
+    @contextmanager
+    def up(self) -> Iterator[NamespaceNetwork]:
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.superlink_host}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for i in range(self.nodes):
+                ns, host_end, node_end = self.namespace(i), f"fph{self.tag}{i}", f"fpn{self.tag}{i}"
+                _ip("netns", "add", ns)
+                _ip("link", "add", host_end, "type", "veth", "peer", "name", node_end)
+                _ip("link", "set", node_end, "netns", ns)
+                _ip("link", "set", host_end, "master", self.bridge, "up")
+                _ip("-n", ns, "addr", "add", f"10.77.0.{10 + i}/24", "dev", node_end)
+                _ip("-n", ns, "link", "set", node_end, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+            yield self
+        finally:
+            for i in range(self.nodes):
+                subprocess.run(["ip", "netns", "del", self.namespace(i)], capture_output=True)
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+class NetnsUnavailable(RuntimeError):
+    """``ip netns`` cannot be used here (not root, no iproute2, or the kernel refuses)."""
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NetnsUnavailable(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}")
+
+
+def check_netns() -> str | None:
+    """Why ``--netns`` cannot run here, or ``None`` if it can."""
+    import os
+
+    if shutil.which("ip") is None:
+        return "the 'ip' command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"fedpriv-probe-{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+        return "'ip netns add' is not permitted here"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.min_clients and args.min_clients > args.nodes:
+        parser.error(f"--min-clients {args.min_clients} is more than --nodes {args.nodes}")
+    out = args.out.resolve()
+    if args.resume and not (out / "server").exists():
+        parser.error(f"--resume: {out / 'server'} holds no run to continue")
+    if args.netns and (reason := check_netns()):
+        print(f"python -m simulations.deployment: --netns skipped: {reason}; running on loopback", file=sys.stderr)
+        args.netns = False
+    from simulations._processes import ProcessError, terminate_as_interrupt
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = run_config(args, out)
+    with ExitStack() as stack:
+        stack.enter_context(terminate_as_interrupt())
+        network: Network = Network()
+        if args.netns:
+            import os
+
+            network = stack.enter_context(NamespaceNetwork(args.nodes, str(os.getpid() % 100000)).up())
+        deployment = Deployment(out, args.nodes, network)
+        stack.callback(deployment.close)
+        app = freeze_app(out / "app")
+        deployment.prepare(app=app, args=args)
+        try:
+            deployment.start_superlink()
+            for i in range(args.nodes):
+                deployment.start_node(i)
+            run = deployment.start_run(out / "app", config)
+            code = run.process.wait()
+        except ProcessError as err:
+            raise SystemExit(f"python -m simulations.deployment: {err}") from None
+        if code != 0 or not (out / "results.json").exists():
+            raise SystemExit(f"python -m simulations.deployment: flwr run exited with {code}; see {out / 'run.log'}:\n"
+                             f"{run.tail()}")
+        nodes = deployment.node_epsilons(args.delta)
+    from fedpriv.files import write_json_atomic
+
+    write_json_atomic(out / "nodes.json", nodes)
+    results = json.loads((out / "results.json").read_text())
+    server = results.get("final_epsilon", {})
+    for client, node in nodes.items():
+        print(f"node {client}: ε = {node['epsilon']:.4f} in its own ledger ({len(node['entries'])} entries), "
+              f"server's ledger: ε = {float(server.get(client, 0.0)):.4f}; target {args.target_epsilon:g}")
+    print(f"results: {out / 'results.json'}, node ledgers: {out / 'nodes'}/<i>/state/ledger.json")
+    return {"results": results, "nodes": nodes}
+
+
+if __name__ == "__main__":
+    main()
