@@ -48,10 +48,7 @@ from server.strategy import BudgetedFedAvg, BudgetExhausted
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
 
-ROUND_TIMEOUT_S = 3600.0
-"""How long a round waits for replies (Flower's own default)."""
-
-NOT_RESUMED = frozenset({"resume", "out"})
+NOT_RESUMED = frozenset({"resume", "out", "round_timeout"})
 """Settings a resumed run may change; every other one must equal the checkpoint's."""
 
 
@@ -91,7 +88,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
         for server_round in range(first, settings.rounds + 1):
             progress.start()
             try:
-                arrays = _round(grid, strategy, server_round, arrays, model_name)
+                arrays = _round(grid, strategy, server_round, arrays, model_name, settings.round_timeout)
             except BudgetExhausted as stop:
                 history.stopped = str(stop)
                 if not strategy.nodes:
@@ -140,15 +137,17 @@ def _start(settings: RunSettings, state: ServerState | None,
     return history, checkpoint.run_key, checkpoint.completed_round + 1, arrays
 
 
-def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: ArrayRecord, model_name: str) -> ArrayRecord:
-    """One round of training (and federated evaluation where asked); the new global model."""
+def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: ArrayRecord, model_name: str,
+           timeout: float) -> ArrayRecord:
+    """One round of training (and federated evaluation where asked); the new global model.
+    Replies later than ``timeout`` seconds are not waited for: that node failed the round."""
     replies = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid),
-                                    timeout=ROUND_TIMEOUT_S)
+                                    timeout=timeout)
     aggregated, _ = strategy.aggregate_train(server_round, replies)
     arrays = arrays if aggregated is None else aggregated
     messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord({protocol.MODEL: model_name}), grid)
     if messages:
-        strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_S))
+        strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
     return arrays
 
 

@@ -41,6 +41,8 @@ from server.checks import check_evaluate_reply, check_train_reply, update_norm_b
 from server.history import History, RoundLog
 from server.ledger import ServerLedger
 
+NO_REPLY = "no reply within the round timeout (crashed, disconnected or too slow); its round stays booked"
+
 Admit = Callable[[Grid, list[int]], Mapping[int, Assignment]]
 """``admit(grid, node_ids)``: the assignments of those new nodes that described themselves."""
 
@@ -222,6 +224,10 @@ class BudgetedFedAvg(FedAvg):
                 log(INFO, "Client %s did not answer: %s", cid, round_log.failed[cid])
                 continue
             yield sent, reply
+        for node in self._sent.keys() - seen:
+            cid = self._sent[node].assignment.client_id
+            round_log.failed[cid] = NO_REPLY
+            log(INFO, "Client %s did not answer: %s", cid, NO_REPLY)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -67,6 +67,7 @@ class RunSettings:
     out: str | None = None
     state_dir: str | None = None
     resume: bool = False
+    round_timeout: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -92,6 +93,8 @@ class RunSettings:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
+        if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
+            raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
 
     @property
     def server_budget(self) -> float:
