@@ -139,22 +139,54 @@ class Processes:
         self.stop_all()
 
 
-def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
-    """Stop ``process`` and everything in its process group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (from /proc; empty where there is none)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop ``process``, its process group, and its descendants in other sessions (Flower
+    starts SuperExec detached): SIGTERM, then SIGKILL after ``timeout`` s."""
+    others = descendants(process.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for kill, target in ((os.killpg, process.pid), *((os.kill, pid) for pid in others)):
+            try:
+                kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + timeout
         try:
             process.wait(timeout=timeout)
-            break
+            while any(_alive(pid) for pid in others) and time.monotonic() < deadline:
+                time.sleep(0.1)
         except subprocess.TimeoutExpired:
             continue
+        if not any(_alive(pid) for pid in others):
+            break
     try:  # the leader is gone; its group may not be
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @contextmanager

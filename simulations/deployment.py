@@ -80,6 +80,8 @@ def build_parser() -> Parser:
     p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
     p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout (default: the cache)")
     p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
+    p.add_argument("--round-timeout", type=positive, default=600.0,
+                   help="seconds a round waits for replies; later nodes failed the round (default: 600)")
     p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
@@ -92,6 +94,7 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
         "dataset": "mnist", "rounds": args.rounds, "min-clients": args.min_clients or args.nodes,
         "target-epsilon": args.target_epsilon, "delta": args.delta, "seed": args.seed,
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
+        "round-timeout": args.round_timeout,
     }
     if args.limit_train:
         config["limit-train"] = args.limit_train
@@ -122,10 +125,10 @@ def freeze_app(folder: Path) -> str:
     return app_digest(build_fab_from_disk(folder))
 
 
-def node_policy(node: NodeFiles, args: Any, app: str) -> dict[str, Any]:
-    """What node ``i``'s operator promises: its budget, state, CSPRNG noise, the pinned app."""
-    return {"epsilon-budget": args.node_epsilon_budget or args.target_epsilon, "delta": args.delta,
-            "state-dir": str(node.state), "randomness": "secure", "trusted-apps": [app]}
+def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str) -> dict[str, Any]:
+    """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app."""
+    return {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
+            "randomness": "secure", "trusted-apps": [app]}
 
 
 class Deployment:
@@ -142,8 +145,8 @@ class Deployment:
         self.superlink = None
         self.supernodes: dict[int, Any] = {}
 
-    def prepare(self, policy: Mapping[str, Any] | None = None, app: str | None = None, args: Any = None) -> None:
-        """Certificates and keys (kept across restarts), policies and the pin shims."""
+    def prepare(self, epsilon_budget: float, delta_: float, app: str) -> None:
+        """Certificates and keys (kept across restarts), each node's policy and pin shim."""
         from clients.pinned import write_shim
         from fedpriv.certificates import write_node_key, write_tls
         from fedpriv.files import write_bytes_atomic
@@ -157,8 +160,8 @@ class Deployment:
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
-            values = dict(policy) if policy is not None else node_policy(node, args, app or "")
-            write_bytes_atomic(node.policy, policy_file_text(values).encode())
+            policy = node_policy(node, epsilon_budget, delta_, app)
+            write_bytes_atomic(node.policy, policy_file_text(policy).encode())
 
     @property
     def tls(self) -> Any:
@@ -193,6 +196,28 @@ class Deployment:
         command = supernode_command(self.address, node_config, self.tls, key=node.key)
         env = {**self.env, "PATH": f"{node.bin}:{self.env['PATH']}"}
         self.supernodes[i] = self.processes.start(f"SuperNode {i}", self.network.wrap(i, command), env, node.log)
+
+    def wait_online(self, count: int, timeout: float = 150) -> None:
+        """Until exactly ``count`` SuperNodes are online at the SuperLink (``flwr supernode
+        ls``). A killed node stays online there until it misses two heartbeats (about a
+        minute), and a node cannot rejoin while its key is still online."""
+        import time
+
+        from simulations._processes import ProcessError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = json.loads(self.flwr("supernode", "ls", FEDERATION, "--format", "json"))["nodes"]
+            online = sum(n["status"] == "online" for n in nodes)
+            if online == count:
+                return
+            for i, started in self.supernodes.items():
+                if started.process.poll() not in (None, -9, -15):
+                    raise ProcessError(f"SuperNode {i} exited with code {started.process.returncode}; "
+                                       f"log {started.log}:\n{started.tail()}")
+            if time.monotonic() > deadline:
+                raise ProcessError(f"{online} SuperNodes online, not {count}, after {timeout:.0f} s")
+            time.sleep(0.5)
 
     def flwr(self, *command: str, timeout: float = 120) -> str:
         """A ``flwr`` CLI command against this deployment; its output, or ``ProcessError``."""
@@ -334,11 +359,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         deployment = Deployment(out, args.nodes, network)
         stack.callback(deployment.close)
         app = freeze_app(out / "app")
-        deployment.prepare(app=app, args=args)
+        deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app)
         try:
             deployment.start_superlink()
             for i in range(args.nodes):
                 deployment.start_node(i)
+            deployment.wait_online(args.nodes)
             run = deployment.start_run(out / "app", config)
             code = run.process.wait()
         except ProcessError as err:

@@ -2,8 +2,11 @@
 as separate processes with their own policies and ledgers; each test stops what it started."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dp_accounting
@@ -26,37 +29,117 @@ def _rdp_epsilon(ledger: PrivacyLedger, client: str, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-def _leftovers(folder: Path) -> str:
-    """Processes whose command line names ``folder`` (every process a deployment starts does)."""
-    done = subprocess.run(["pgrep", "-af", str(folder)], capture_output=True, text=True)
-    return "\n".join(line for line in done.stdout.splitlines() if "pgrep" not in line)
+def _leftovers(folder: Path, grace: float = 20) -> str:
+    """Processes whose command line names ``folder`` (those a deployment starts, and the
+    SuperExecs they start) still running after ``grace`` s: an orphan notices its parent's
+    death within a second (Flower's parent-PID monitor)."""
+    deadline = time.monotonic() + grace
+    while True:
+        done = subprocess.run(["pgrep", "-af", str(folder)], capture_output=True, text=True)
+        left = "\n".join(line for line in done.stdout.splitlines() if "pgrep" not in line)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
-def test_deployment_command_two_nodes_tls_auth_pinned_app(tmp_path, shared_data_dir):
+def _checkpointed_round(out: Path) -> int:
+    """The last round the server's checkpoint in ``out/server`` holds (-1 before the first)."""
+    from server.state import ServerState, StateError
+
+    try:
+        return ServerState(out / "server").load()[0].completed_round
+    except (FileNotFoundError, StateError, ValueError):
+        return -1
+
+
+def _wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+
+
+def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shared_data_dir):
+    # Prepare: the deployment command, 2 nodes, 2 rounds (TLS, authenticated nodes, pinned app)
     out = tmp_path / "deployment"
-    done = subprocess.run(
-        [sys.executable, "-m", "simulations.deployment", "--nodes", "2", "--rounds", "2", "--limit-train", "600",
-         "--limit-test", "300", "--data-dir", str(shared_data_dir), "--out", str(out)],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=400,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    command = [sys.executable, "-m", "simulations.deployment", "--nodes", "2", "--rounds", "2", "--limit-train",
+               "600", "--limit-test", "300", "--data-dir", str(shared_data_dir), "--out", str(out)]
+    first = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Execute: kill the SuperLink (and the ServerApp it runs) once round 1 is checkpointed
+        _wait_for(lambda: _checkpointed_round(out) >= 1, first, 300, "checkpoint of round 1")
+        superlink = subprocess.run(["pgrep", "-f", f"flower-superlink.*{out}"], capture_output=True, text=True)
+        os.killpg(int(superlink.stdout.split()[0]), signal.SIGKILL)
+        assert first.wait(timeout=120) != 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert _leftovers(out) == ""  # the failed command stopped every process it started
+    resumed = subprocess.run([*command, "--resume"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=400)
+    # Assert: the resumed run finished round 2 under the same run key; nothing is left running
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert _leftovers(out) == ""
     results = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
     nodes = json.loads((out / "nodes.json").read_text())
     for client in ("0", "1"):
-        # each node's own ledger: the DP count of its N, then one entry per round, within ε = 1
+        # each node's own ledger: its DP count of N, then rounds 1 and 2 once each, within ε = 1
         ledger = PrivacyLedger.load(out / "nodes" / client / "state" / "ledger.json")
         entries = list(ledger.entries(client))
-        assert len(entries) == 3 and entries[0].startswith("release/num-examples/")
+        assert entries[0].startswith("release/num-examples/")
+        assert [e.split("/", 1)[1] for e in entries[1:]] == ["round-1/train", "round-2/train"]
+        assert entries[1].split("/")[0] == entries[2].split("/")[0] == results["run_key"]
         epsilon = _rdp_epsilon(ledger, client, 1e-5)
         assert 0.5 < epsilon <= 1.0 + 1e-9
         assert nodes[client]["epsilon"] == pytest.approx(epsilon, rel=1e-6)
         assert float(results["final_epsilon"][client]) == pytest.approx(epsilon, rel=1e-6)
-    # the deployment really was TLS + authentication: the SuperLink's command line
-    superlink_log = (out / "superlink" / "superlink.log").read_text()
-    assert "--insecure" not in superlink_log
+
+
+def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_data_dir):
+    # Prepare: two nodes with ε = 1 each; a run of 2 rounds calibrated to ε = 1 that goes on
+    # with one node and waits 60 s at most for a round's replies
+    out = tmp_path / "deployment"
+    deployment = Deployment(out, 2, Network())
+    deployment.prepare(1.0, 1e-5, freeze_app(out / "app"))
+    config = {"rounds": 2, "min-clients": 1, "target-epsilon": 1.0, "limit-train": 2000, "limit-test": 200,
+              "local-epochs": 2, "data-dir": str(shared_data_dir), "round-timeout": 60.0}
+    victim = deployment.nodes[1].state / "ledger.json"
+
+    def booked_round_2() -> bool:
+        return victim.exists() and any(e.endswith("round-2/train") for e in PrivacyLedger.load(victim).entries("1"))
+
+    try:
+        deployment.start_superlink()
+        for i in range(2):
+            deployment.start_node(i)
+        deployment.wait_online(2)
+        # Execute: kill node 1 once it has booked round 2 (before it can reply), let the run
+        # finish, restart the node and start a second run
+        run = deployment.start_run(out / "app", {**config, "out": str(out / "run1")})
+        _wait_for(booked_round_2, run.process, 240, "round-2 booking by node 1")
+        deployment.processes.stop(deployment.supernodes[1], timeout=0)
+        assert run.process.wait(timeout=240) == 0, run.tail()
+        booked = PrivacyLedger.load(victim).entries("1")
+        deployment.wait_online(1)  # the SuperLink has noticed; now the node may rejoin
+        deployment.start_node(1)
+        deployment.wait_online(2)
+        again = deployment.start_run(out / "app", {**config, "rounds": 1, "out": str(out / "run2")})
+        assert again.process.wait(timeout=240) == 0, again.tail()
+    finally:
+        deployment.close()
+    # Assert: round 2 went on without node 1; the restarted node kept its ledger, the round
+    # it booked before dying included, and with its ε spent refused the second run
+    first = json.loads((out / "run1" / "results.json").read_text())
+    assert [r["participants"] for r in first["rounds"]] == [["0", "1"], ["0", "1"]]
+    assert first["rounds"][0]["failed"] == {} and list(first["rounds"][1]["failed"]) == ["1"]
+    assert first["final_accuracy"] > 0.5
+    second = json.loads((out / "run2" / "results.json").read_text())
+    assert "exceed its budget" in second["rounds"][0]["failed"]["1"]
+    after = PrivacyLedger.load(victim)
+    assert after.entries("1") == booked and len(booked) == 3
+    assert 0.5 < _rdp_epsilon(after, "1", 1e-5) <= 1.0 + 1e-9
 
 
 def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
@@ -64,8 +147,7 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
     out = tmp_path / "deployment"
     deployment = Deployment(out, 1, Network())
     pinned = freeze_app(out / "app")
-    deployment.prepare(policy={"epsilon-budget": 10.0, "state-dir": str(deployment.nodes[0].state),
-                               "trusted-apps": [pinned]})
+    deployment.prepare(10.0, 1e-5, pinned)
     mark = tmp_path / "altered-code-ran"
     with (out / "app" / "clients" / "client_app.py").open("a") as module:
         module.write(f"\nimport pathlib\npathlib.Path({str(mark)!r}).write_text('leaked')\n")
