@@ -42,6 +42,7 @@ from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
 from simulations._cli import PROJECT_ROOT, federated_parser, flag_message, use_cache_dir
 from simulations._logging import quiet_console
+from simulations._ray import ray_cluster
 
 # flag -> run-config key, for the flags that map one to one
 _KEYS = (
@@ -172,19 +173,22 @@ def simulate(
     run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
+    backend = backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {}}
+    policy = {POLICY_ENV: os.environ[POLICY_ENV]} if POLICY_ENV in os.environ else {}
     start = time.perf_counter()
-    _run_simulation(
-        num_supernodes=num_clients,
-        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-        server_app_attr=components["serverapp"],
-        client_app_attr=components["clientapp"],
-        backend_name="ray",
-        backend_config=backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        server_app_context=context,
-        app_dir=str(PROJECT_ROOT),
-        run=run,
-        is_app=True,
-    )
+    with ray_cluster(backend.get("init_args", {}), policy):  # bounded start; Flower uses it
+        _run_simulation(
+            num_supernodes=num_clients,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            server_app_attr=components["serverapp"],
+            client_app_attr=components["clientapp"],
+            backend_name="ray",
+            backend_config=backend,
+            server_app_context=context,
+            app_dir=str(PROJECT_ROOT),
+            run=run,
+            is_app=True,
+        )
     return time.perf_counter() - start
 
 

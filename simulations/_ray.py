@@ -1,0 +1,125 @@
+"""Ray for the simulations, with bounds: starting (or joining) a cluster fails with one line
+instead of hanging, and a watchdog ends the run when the cluster stops answering.
+
+Flower starts Ray inside its simulation engine and, when that fails, goes on waiting for
+nodes that never come; so the simulations start Ray first (Flower then uses the running
+one). Ray's ``runtime_env`` carries ``PYTHONPATH`` (as Flower's would) and the simulated
+nodes' policy file to every worker, also on the other machines of a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+START_TIMEOUT_ENV = "FEDPRIV_RAY_START_TIMEOUT"
+"""Seconds Ray may take to start or join (default 120)."""
+
+WATCH_INTERVAL_S = 5.0
+WATCH_MISSES = 3
+"""The cluster is dead after this many unanswered checks, WATCH_INTERVAL_S apart."""
+
+
+def start_timeout() -> float:
+    text = os.environ.get(START_TIMEOUT_ENV, "120")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        fail(f"${START_TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def answers(address: str, timeout: float = 5.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, stop the Ray processes this program started, exit 1 at once (a
+    hung Ray call cannot be cancelled, so no clean-up that waits on Ray)."""
+    from simulations._processes import descendants
+
+    print(f"{_prog()}: error: {message}", file=sys.stderr, flush=True)
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    os._exit(1)
+
+
+def _prog() -> str:
+    """``python -m simulations.mnist`` for this program, as its usage line names it."""
+    from simulations._cli import PROJECT_ROOT
+
+    path = Path(sys.argv[0]).resolve()
+    try:
+        return "python -m " + ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+    except ValueError:
+        return path.name or "python"
+
+
+@contextmanager
+def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> Iterator[str]:
+    """Start Ray (or join ``init_args["address"]``) within ``start_timeout()``; yields the
+    cluster's GCS address and watches it until the block ends."""
+    address = init_args.get("address")
+    if address and not answers(address):
+        fail(f"no Ray cluster answers at {address} (start one with `ray start --head`)")
+    import ray
+
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    outcome: dict[str, BaseException] = {}
+    started, done = threading.Event(), threading.Event()
+
+    def start() -> None:
+        """Start Ray, then stay alive until the run ends: Ray's processes are bound to the
+        thread that started them (they die with it)."""
+        try:
+            ray.init(**{"include_dashboard": False, **init_args},
+                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **env_vars}})
+        except BaseException as err:  # reported by the main thread
+            outcome["error"] = err
+        started.set()
+        done.wait()
+
+    # started off the main thread (to bound it), so Ray leaves SIGTERM alone and says so
+    logging.getLogger("ray._private.worker").addFilter(
+        lambda record: "SIGTERM handler is not set" not in record.getMessage())
+    threading.Thread(target=start, name="ray-start", daemon=True).start()
+    timeout = start_timeout()
+    if not started.wait(timeout):
+        fail(f"Ray did not start within {timeout:g} s (raise ${START_TIMEOUT_ENV} on a slow machine)")
+    if "error" in outcome:
+        first = (str(outcome["error"]).strip().splitlines() or [type(outcome["error"]).__name__])[0]
+        fail(f"Ray failed to start: {first}")
+    gcs = ray.get_runtime_context().gcs_address
+
+    def watch() -> None:
+        misses = 0
+        while not done.wait(WATCH_INTERVAL_S):
+            misses = 0 if answers(gcs) else misses + 1
+            if misses >= WATCH_MISSES and not done.is_set():
+                fail(f"the Ray cluster (GCS at {gcs}) stopped answering; the run is incomplete")
+
+    threading.Thread(target=watch, name="ray-watchdog", daemon=True).start()
+    try:
+        yield gcs
+    finally:
+        done.set()
+        ray.shutdown()
