@@ -15,7 +15,7 @@ import pytest
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import to_dp_accounting
 from simulations._federated import PROJECT_ROOT
-from simulations.deployment import Deployment, Network, freeze_app
+from simulations.deployment import Deployment, NamespaceNetwork, Network, check_netns, freeze_app
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +167,30 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
     assert "is not one this node trusts" in node_log, node_log[-3000:]
     assert not (deployment.nodes[0].state / "ledger.json").exists()
     assert code == 0 and "Nothing to train: no node described itself" in run.tail(20000)
+
+
+def test_netns_puts_each_supernode_on_its_own_host(tmp_path):
+    reason = check_netns()
+    if reason:
+        pytest.skip(f"--netns needs network namespaces: {reason}")
+    # Prepare: a bridge and two namespaces; the SuperLink listens on the bridge only
+    out = tmp_path / "deployment"
+    with NamespaceNetwork(2, f"t{os.getpid() % 10000}").up() as network:
+        deployment = Deployment(out, 2, network)
+        deployment.prepare(1.0, 1e-5, "0" * 64)
+        try:
+            # Execute
+            deployment.start_superlink()
+            for i in range(2):
+                deployment.start_node(i)
+            deployment.wait_online(2)
+            namespaces = [subprocess.run(["ip", "netns", "identify", str(node.process.pid)], capture_output=True,
+                                         text=True).stdout.strip() for node in deployment.supernodes.values()]
+        finally:
+            deployment.close()
+    # Assert: both nodes reached the SuperLink at 10.77.0.1 from their own namespace (where
+    # 127.0.0.1 is their own loopback), and the namespaces are gone afterwards
+    assert namespaces == [network.namespace(0), network.namespace(1)]
+    assert deployment.address.startswith("10.77.0.1:")
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert network.namespace(0) not in left and network.namespace(1) not in left
