@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +76,10 @@ def superlink_command(port: int, database: Path, tls: TlsFiles | None, *, simula
             "--port", str(port), "--database", str(database), "--disable-runtime-dependency-installation"]
 
 
-def supernode_command(superlink: str, node_config: str, tls: TlsFiles | None, key: Path | None = None,
+def supernode_command(superlink: str, node_config: str, ca_cert: Path | None, key: Path | None = None,
                       max_retries: int | None = None) -> list[str]:
-    security = ["--root-certificates", str(tls.ca_cert)] if tls else ["--insecure"]
+    """A SuperNode that trusts ``ca_cert`` (plaintext without one), authenticating with ``key``."""
+    security = ["--root-certificates", str(ca_cert)] if ca_cert else ["--insecure"]
     return [str(BIN / "flower-supernode"), *security, "--superlink", superlink,
             *(["--auth-supernode-private-key", str(key)] if key else []),
             *(["--max-retries", str(max_retries)] if max_retries is not None else []),
@@ -98,10 +99,13 @@ class Started:
 
 
 class Processes:
-    """The processes one deployment started; ``stop_all`` (also on exit) stops each group."""
+    """The processes one deployment started; ``stop_all`` (also on exit) stops each group,
+    and every descendant seen while waiting on them (Flower detaches SuperExec, whose
+    children outlive a SuperLink killed from outside)."""
 
     def __init__(self) -> None:
         self.started: list[Started] = []
+        self.seen: dict[int, str] = {}  # pid -> its start time, so a reused pid is left alone
 
     def start(self, name: str, command: Sequence[str], env: Mapping[str, str], log: Path,
               cwd: Path | None = None) -> Started:
@@ -113,10 +117,28 @@ class Processes:
         self.started.append(started)
         return started
 
-    def wait_until(self, ready: callable, started: Started, timeout: float, what: str) -> None:
+    def track(self) -> None:
+        """Remember every live descendant of the processes started."""
+        for started in self.started:
+            for pid in descendants(started.process.pid):
+                if (start := _start_time(pid)) is not None:
+                    self.seen.setdefault(pid, start)
+
+    def wait(self, started: Started, timeout: float | None = None) -> int:
+        """``started``'s exit code, tracking descendants meanwhile; ``TimeoutExpired`` past ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := started.process.poll()) is None:
+            self.track()
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(started.process.args, timeout)
+            time.sleep(0.5)
+        return code
+
+    def wait_until(self, ready: Callable[[], bool], started: Started, timeout: float, what: str) -> None:
         """Poll ``ready()`` until true; ``ProcessError`` if ``started`` exits or time runs out."""
         deadline = time.monotonic() + timeout
         while not ready():
+            self.track()
             if started.process.poll() is not None:
                 raise ProcessError(f"{started.name} exited with code {started.process.returncode} before {what}; "
                                    f"log {started.log}:\n{started.tail()}")
@@ -129,8 +151,19 @@ class Processes:
         stop_group(started.process, timeout)
 
     def stop_all(self) -> None:
+        self.track()
         for started in reversed(self.started):
             self.stop(started)
+        orphans = [pid for pid, start in self.seen.items() if _start_time(pid) == start]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in orphans:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + 10
+            while any(_alive(pid) for pid in orphans) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def __enter__(self) -> Processes:
         return self
@@ -179,6 +212,15 @@ def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot), or ``None`` if it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
 
 
 def _alive(pid: int) -> bool:

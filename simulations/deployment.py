@@ -193,7 +193,7 @@ class Deployment:
 
         node = self.nodes[i]
         node_config = config_arg({"partition-id": i, "num-partitions": self.num_nodes, "policy": str(node.policy)})
-        command = supernode_command(self.address, node_config, self.tls, key=node.key)
+        command = supernode_command(self.address, node_config, self.tls.ca_cert, key=node.key)
         env = {**self.env, "PATH": f"{node.bin}:{self.env['PATH']}"}
         self.supernodes[i] = self.processes.start(f"SuperNode {i}", self.network.wrap(i, command), env, node.log)
 
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 deployment.start_node(i)
             deployment.wait_online(args.nodes)
             run = deployment.start_run(out / "app", config)
-            code = run.process.wait()
+            code = deployment.processes.wait(run)
         except ProcessError as err:
             raise SystemExit(f"python -m simulations.deployment: {err}") from None
         if code != 0 or not (out / "results.json").exists():

@@ -29,17 +29,21 @@ def _rdp_epsilon(ledger: PrivacyLedger, client: str, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-def _leftovers(folder: Path, grace: float = 20) -> str:
-    """Processes whose command line names ``folder`` (those a deployment starts, and the
-    SuperExecs they start) still running after ``grace`` s: an orphan notices its parent's
-    death within a second (Flower's parent-PID monitor)."""
+FLOWER = "flower-superlink|flower-supernode|flower-superexec|flwr-serverapp|flwr-clientapp|clients.pinned"
+
+
+def _flower_processes() -> set[str]:
+    """'pid command' of every Flower process on this machine."""
+    done = subprocess.run(["pgrep", "-af", FLOWER], capture_output=True, text=True)
+    return {line for line in done.stdout.splitlines() if "pgrep" not in line}
+
+
+def _leftovers(before: set[str], grace: float = 20) -> set[str]:
+    """Flower processes started since ``before`` and still running after ``grace`` s."""
     deadline = time.monotonic() + grace
-    while True:
-        done = subprocess.run(["pgrep", "-af", str(folder)], capture_output=True, text=True)
-        left = "\n".join(line for line in done.stdout.splitlines() if "pgrep" not in line)
-        if not left or time.monotonic() > deadline:
-            return left
+    while (left := _flower_processes() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
+    return left
 
 
 def _checkpointed_round(out: Path) -> int:
@@ -65,6 +69,7 @@ def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shar
     out = tmp_path / "deployment"
     command = [sys.executable, "-m", "simulations.deployment", "--nodes", "2", "--rounds", "2", "--limit-train",
                "600", "--limit-test", "300", "--data-dir", str(shared_data_dir), "--out", str(out)]
+    before = _flower_processes()
     first = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # Execute: kill the SuperLink (and the ServerApp it runs) once round 1 is checkpointed
@@ -75,11 +80,11 @@ def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shar
     finally:
         if first.poll() is None:
             first.kill()
-    assert _leftovers(out) == ""  # the failed command stopped every process it started
+    assert _leftovers(before) == set()  # the failed command stopped every process it started
     resumed = subprocess.run([*command, "--resume"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=400)
     # Assert: the resumed run finished round 2 under the same run key; nothing is left running
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert _leftovers(out) == ""
+    assert _leftovers(before) == set()
     results = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
@@ -120,13 +125,13 @@ def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_dat
         run = deployment.start_run(out / "app", {**config, "out": str(out / "run1")})
         _wait_for(booked_round_2, run.process, 240, "round-2 booking by node 1")
         deployment.processes.stop(deployment.supernodes[1], timeout=0)
-        assert run.process.wait(timeout=240) == 0, run.tail()
+        assert deployment.processes.wait(run, timeout=240) == 0, run.tail()
         booked = PrivacyLedger.load(victim).entries("1")
         deployment.wait_online(1)  # the SuperLink has noticed; now the node may rejoin
         deployment.start_node(1)
         deployment.wait_online(2)
         again = deployment.start_run(out / "app", {**config, "rounds": 1, "out": str(out / "run2")})
-        assert again.process.wait(timeout=240) == 0, again.tail()
+        assert deployment.processes.wait(again, timeout=240) == 0, again.tail()
     finally:
         deployment.close()
     # Assert: round 2 went on without node 1; the restarted node kept its ledger, the round
@@ -158,7 +163,7 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
         run = deployment.start_run(out / "app", {"rounds": 1, "min-clients": 1, "limit-train": 200, "limit-test": 100,
                                                  "data-dir": str(shared_data_dir), "noise-multiplier": 1.0,
                                                  "out": str(out)})
-        code = run.process.wait(timeout=300)
+        code = deployment.processes.wait(run, timeout=300)
     finally:
         deployment.close()
     # Assert: the node refused the bundle before any of its code ran, and booked nothing
