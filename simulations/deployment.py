@@ -79,6 +79,7 @@ def build_parser() -> Parser:
     p.add_argument("--limit-train", type=at_least(1), help="use the first N MNIST training examples (default: all)")
     p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
     p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout (default: the cache)")
+    p.add_argument("--download", action="store_true", help="download MNIST first if it is missing")
     p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
     p.add_argument("--round-timeout", type=positive, default=600.0,
                    help="seconds a round waits for replies; later nodes failed the round (default: 600)")
@@ -342,6 +343,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = args.out.resolve()
     if args.resume and not (out / "server").exists():
         parser.error(f"--resume: {out / 'server'} holds no run to continue")
+    from fedpriv.data import DatasetNotFoundError, check_available
+
+    try:  # one line now, rather than each node failing once the processes are up
+        check_available("mnist", args.data_dir, args.download)
+    except DatasetNotFoundError as err:
+        parser.error(str(err))
     if args.netns and (reason := check_netns()):
         print(f"python -m simulations.deployment: --netns skipped: {reason}; running on loopback", file=sys.stderr)
         args.netns = False
