@@ -65,6 +65,8 @@ CASES = {
     "benchmark-dpsgd-threads-0": Case("benchmarks.dpsgd", ("--threads", "0", "--out", "{empty}/x.json"),
                                       "--threads", "checked"),  # its module imports torch first
     "benchmark-accountant-repeats-0": Case("benchmarks.accountant", ("--repeats", "0"), "--repeats", "checked"),
+    "deployment-missing-data": Case("simulations.deployment", ("--nodes", "2", "--rounds", "1", "--out", "{empty}/d",
+                                                               "--data-dir", "{empty}"), "--data-dir", "checked"),
     # refused by argparse
     "mnist-target-epsilon-negative": Case("simulations.mnist", ("--target-epsilon", "-1"), "--target-epsilon"),
     "mnist-delta-2": Case("simulations.mnist", ("--delta", "2"), "--delta"),
@@ -85,6 +87,11 @@ CASES = {
     "centralized-delta-2": Case("simulations.centralized", ("--delta", "2"), "--delta"),
     "centralized-lot-size-0": Case("simulations.centralized", ("--lot-size", "0"), "--lot-size"),
     "benchmark-simulation-clients-0": Case("benchmarks.simulation", ("--clients", "0"), "--clients"),
+    "deployment-nodes-0": Case("simulations.deployment", ("--nodes", "0", "--rounds", "1", "--out", "{empty}/d"),
+                               "--nodes"),
+    "deployment-min-clients-over-nodes": Case("simulations.deployment", ("--nodes", "2", "--rounds", "1", "--out",
+                                                                         "{empty}/d", "--min-clients", "3"),
+                                              "--min-clients"),
     "benchmark-simulation-fraction-train": Case("benchmarks.simulation", ("--fraction-train", "1.5"),
                                                 "--fraction-train"),
 }
