@@ -41,7 +41,7 @@ from server.checks import check_evaluate_reply, check_train_reply, update_norm_b
 from server.history import History, RoundLog
 from server.ledger import ServerLedger
 
-NO_REPLY = "no reply within the round timeout (crashed, disconnected or too slow); its round stays booked"
+NO_REPLY = "no reply (the node crashed or left, or passed the round timeout); its round stays booked"
 
 Admit = Callable[[Grid, list[int]], Mapping[int, Assignment]]
 """``admit(grid, node_ids)``: the assignments of those new nodes that described themselves."""

@@ -104,7 +104,8 @@ def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shar
 
 def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_data_dir):
     # Prepare: two nodes with ε = 1 each; a run of 2 rounds calibrated to ε = 1 that goes on
-    # with one node and waits 60 s at most for a round's replies
+    # with one node and waits 60 s at most for a round's replies (a node killed with SIGKILL
+    # is noticed at its second missed heartbeat, a minute; `kill`'s SIGTERM at once)
     out = tmp_path / "deployment"
     deployment = Deployment(out, 2, Network())
     deployment.prepare(1.0, 1e-5, freeze_app(out / "app"))
@@ -124,10 +125,10 @@ def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_dat
         # finish, restart the node and start a second run
         run = deployment.start_run(out / "app", {**config, "out": str(out / "run1")})
         _wait_for(booked_round_2, run.process, 240, "round-2 booking by node 1")
-        deployment.processes.stop(deployment.supernodes[1], timeout=0)
+        deployment.processes.stop(deployment.supernodes[1])  # `kill`: SIGTERM, its group
         assert deployment.processes.wait(run, timeout=240) == 0, run.tail()
         booked = PrivacyLedger.load(victim).entries("1")
-        deployment.wait_online(1)  # the SuperLink has noticed; now the node may rejoin
+        deployment.wait_online(1)  # the SuperLink knows it left; now the node may rejoin
         deployment.start_node(1)
         deployment.wait_online(2)
         again = deployment.start_run(out / "app", {**config, "rounds": 1, "out": str(out / "run2")})
