@@ -1,0 +1,149 @@
+"""DP k-means from seed paper 002: DPLloyd (central) and input perturbation (local DP).
+
+Both need the data's bounds from the *user* (``low``, ``high`` per coordinate): records
+are clamped to them, never used to set them.
+
+**DPLloyd** (Blum et al.'s SuLQ k-means, as in Su et al. 2016): a fixed number T of Lloyd
+iterations, each releasing every cluster's count and coordinate sum with Laplace noise.
+Coordinates are centred on the box's midpoint, so |x_j| ≤ r_j (half the range); adding or
+removing one record (the ledger's adjacency) moves one count by 1 and one cluster's sum by
+at most Σ_j r_j: L1 sensitivity 1 + Σ_j r_j for the whole release, ε/T per iteration.
+A cluster whose noisy count is below 1 keeps its previous centroid (no division by a
+small or negative number: no NaN or ∞); centroids are clamped to the box.
+
+**Input perturbation**: each record gets Laplace noise of L1 sensitivity Σ_j (high_j −
+low_j) (any record can be replaced by any other), then ordinary k-means: ε-local DP, the
+baseline that trusts no one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from fedpriv.mechanisms import LaplaceRelease, laplace_mechanism
+from fedpriv.privacy.events import DpEvent, SelfComposedEvent
+
+
+SUM_BOUND = 1e12
+"""Clamping bound of a released sum (each record adds at most 1 + Σ r_j to it)."""
+
+
+@dataclass(frozen=True)
+class Box:
+    """The user's stated range of every coordinate."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    def __post_init__(self) -> None:
+        low, high = np.asarray(self.low, float), np.asarray(self.high, float)
+        if low.shape != high.shape or low.ndim != 1:
+            raise ValueError("bounds must be two 1-d arrays of one length")
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
+            raise ValueError("bounds must be finite with low < high")
+
+    @property
+    def centre(self) -> np.ndarray:
+        return (np.asarray(self.low, float) + np.asarray(self.high, float)) / 2
+
+    @property
+    def radius(self) -> np.ndarray:
+        return (np.asarray(self.high, float) - np.asarray(self.low, float)) / 2
+
+    def clamp(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(x, self.low, self.high)
+
+
+def _records(x: np.ndarray, box: Box) -> np.ndarray:
+    x = np.asarray(x, float)
+    if x.ndim != 2 or x.shape[1] != len(box.low):
+        raise ValueError(f"records must have shape (n, {len(box.low)}), got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("records must be finite (NaN or ∞ found)")
+    return box.clamp(x)
+
+
+def assign(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Index of each record's nearest centroid."""
+    return np.argmin(((x[:, None, :] - centroids[None, :, :]) ** 2).sum(axis=2), axis=1)
+
+
+def cluster_sums(x: np.ndarray, centroids: np.ndarray, box: Box) -> np.ndarray:
+    """Per cluster (count, Σ centred coordinates): shape (k, 1 + d). What a client sends."""
+    x = _records(x, box)
+    labels = assign(x, centroids)
+    out = np.zeros((len(centroids), 1 + x.shape[1]))
+    np.add.at(out, labels, np.hstack([np.ones((len(x), 1)), x - box.centre]))
+    return out
+
+
+def sums_sensitivity(box: Box) -> float:
+    """L1 sensitivity of ``cluster_sums`` under add/remove: 1 + Σ_j r_j."""
+    return 1.0 + float(box.radius.sum())
+
+
+def update(noisy: np.ndarray, previous: np.ndarray, box: Box) -> np.ndarray:
+    """New centroids from noisy (count, sum) rows; a count below 1 keeps the old centroid."""
+    counts = noisy[:, 0]
+    safe = counts >= 1.0
+    means = np.where(safe[:, None], noisy[:, 1:] / np.where(safe, counts, 1.0)[:, None] + box.centre, previous)
+    return box.clamp(means)
+
+
+def initial_centroids(k: int, box: Box, rng: np.random.Generator) -> np.ndarray:
+    """k points drawn uniformly from the box: data-independent, so free."""
+    return rng.uniform(box.low, box.high, size=(k, len(box.low)))
+
+
+def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 5,
+            rng: np.random.Generator | None = None, init_rng: np.random.Generator | None = None
+            ) -> tuple[np.ndarray, DpEvent]:
+    """ε-DP centroids after ``iterations`` DPLloyd steps, and their event. ``rng`` seeds
+    the noise (``None``: the OS CSPRNG); ``init_rng`` the public initial centroids."""
+    if not (np.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if k < 1 or iterations < 1:
+        raise ValueError("k and iterations must be >= 1")
+    x = _records(x, box)
+    centroids = initial_centroids(k, box, init_rng or np.random.default_rng(0))
+    event = None
+    for _ in range(iterations):
+        release = noisy_sums(x, centroids, box, epsilon / iterations, rng)
+        centroids, event = update(release.values, centroids, box), release.event
+    return centroids, SelfComposedEvent(event, iterations)
+
+
+def noisy_sums(x: np.ndarray, centroids: np.ndarray, box: Box, epsilon: float,
+               rng: np.random.Generator | None = None) -> LaplaceRelease:
+    """One DPLloyd release: ``cluster_sums`` with Laplace noise for ε (what a federated
+    client sends each iteration)."""
+    sensitivity = sums_sensitivity(box)
+    return laplace_mechanism(cluster_sums(x, centroids, box), sensitivity=sensitivity, scale=sensitivity / epsilon,
+                             bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
+
+
+def perturb_inputs(x: np.ndarray, box: Box, epsilon: float,
+                   rng: np.random.Generator | None = None) -> tuple[np.ndarray, DpEvent]:
+    """Each record plus Laplace noise for ε-local DP (L1 sensitivity Σ_j range_j); the
+    event each record's owner spends."""
+    x = _records(x, box)
+    sensitivity = float((np.asarray(box.high, float) - np.asarray(box.low, float)).sum())
+    noisy = np.empty_like(x)
+    event = None
+    for i, record in enumerate(x):
+        release = laplace_mechanism(record, sensitivity=sensitivity, scale=sensitivity / epsilon,
+                                    bounds=(float(np.min(box.low)), float(np.max(box.high))), rng=rng)
+        noisy[i], event = release.values, release.event
+    return noisy, event
+
+
+def clustering_accuracy(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """Accuracy of ``clusters`` against ``labels`` under the best one-to-one matching."""
+    k = int(max(labels.max(), clusters.max())) + 1
+    counts = np.zeros((k, k))
+    np.add.at(counts, (clusters, labels), 1)
+    rows, cols = linear_sum_assignment(-counts)
+    return float(counts[rows, cols].sum() / len(labels))
