@@ -23,7 +23,7 @@ logging.getLogger("flwr").propagate = False
 app = ClientApp()
 
 
-def _answer(handler: Callable[..., RecordDict], msg: Message, context: Context) -> Message:
+def answer(handler: Callable[..., RecordDict], msg: Message, context: Context) -> Message:
     """``handler``'s reply, or a refusal saying why: ``ValueError`` covers bad input of every
     kind here (policy, settings, protocol, ledger), ``KeyError``/``TypeError`` a message
     missing a record or holding one of the wrong type (untrusted input, never a crash)."""
@@ -36,16 +36,16 @@ def _answer(handler: Callable[..., RecordDict], msg: Message, context: Context) 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server this client's id, its released N and what an evaluation costs."""
-    return _answer(lambda _, ctx: task.describe(ctx), msg, context)
+    return answer(lambda _, ctx: task.describe(ctx), msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Book the round in the node's ledger, then train locally with DP-SGD; or refuse."""
-    return _answer(task.train, msg, context)
+    return answer(task.train, msg, context)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """A noisy, booked evaluation where the node's policy allows it; else a refusal."""
-    return _answer(task.evaluate, msg, context)
+    return answer(task.evaluate, msg, context)

@@ -28,3 +28,14 @@ def private_feature_cache(tmp_path_factory):
         os.environ.pop("FEDPRIV_CACHE_DIR", None)
     else:
         os.environ["FEDPRIV_CACHE_DIR"] = saved
+
+
+@pytest.fixture
+def task_identity():
+    """Messages need a run/task identity; set a dummy one (as Flower's own tests do)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved

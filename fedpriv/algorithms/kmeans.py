@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from fedpriv.mechanisms import LaplaceRelease, laplace_mechanism
-from fedpriv.privacy.events import DpEvent, SelfComposedEvent
+from fedpriv.mechanisms import LaplaceRelease, epsilon_of, laplace_mechanism
+from fedpriv.privacy.events import DpEvent, LaplaceEvent, SelfComposedEvent
 
 
 SUM_BOUND = 1e12
@@ -114,6 +114,12 @@ def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 5
         release = noisy_sums(x, centroids, box, epsilon / iterations, rng)
         centroids, event = update(release.values, centroids, box), release.event
     return centroids, SelfComposedEvent(event, iterations)
+
+
+def release_event(k: int, box: Box, epsilon: float) -> DpEvent:
+    """What one ``noisy_sums`` release costs, known before any data is touched."""
+    sensitivity = sums_sensitivity(box)
+    return LaplaceEvent(1.0 / epsilon_of(k * (1 + len(box.low)), sensitivity, sensitivity / epsilon))
 
 
 def noisy_sums(x: np.ndarray, centroids: np.ndarray, box: Box, epsilon: float,

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedpriv.mechanisms import laplace_mechanism
-from fedpriv.privacy.events import ComposedEvent, DpEvent
+from fedpriv.mechanisms import epsilon_of, laplace_mechanism
+from fedpriv.privacy.events import ComposedEvent, DpEvent, LaplaceEvent
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ def coefficients(x: np.ndarray, y: np.ndarray, bounds: Bounds) -> Coefficients:
 SUM_BOUND = 1e12
 """Clamping bound of a coefficient *sum*: each record adds at most 2 in absolute value to
 each, so no sum over fewer than 5·10¹¹ records is clamped."""
+
+
+def release_event(num_features: int, epsilon: float, quadratic_share: float = 0.5) -> DpEvent:
+    """What ``privatise`` costs, known before any data is touched (a node books it first)."""
+    s_quad, s_lin = sensitivities(num_features)
+    size = num_features + 1
+    return ComposedEvent((
+        LaplaceEvent(1.0 / epsilon_of(size * (size + 1) // 2, s_quad, s_quad / (epsilon * quadratic_share))),
+        LaplaceEvent(1.0 / epsilon_of(size, s_lin, s_lin / (epsilon * (1 - quadratic_share)))),
+    ))
 
 
 def privatise(sums: Coefficients, num_features: int, epsilon: float, quadratic_share: float = 0.5,

@@ -1,5 +1,5 @@
-"""An in-process federation for tests: a Grid that hands each message to the project's real
-ClientApp (``clients.client_app.app``) with a per-node Context, and can lose replies,
+"""An in-process federation for tests: a Grid that hands each message to one of the project's
+real ClientApps (by default ``clients.client_app.app``) with a per-node Context, and can lose replies,
 duplicate them, or "kill" the server mid-round (raise after delivering).
 
 Each node's policy is in its ``node_config`` (what a SuperNode's ``--node-config`` holds);
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
-from clients.client_app import app
+from clients.client_app import app as dpsgd_app
 
 
 class ServerKilled(Exception):
@@ -33,7 +34,9 @@ class InProcessGrid:
     """A Grid over in-process nodes; ``lose(node, message)`` drops a reply, ``kill_after``
     raises ``ServerKilled`` once that many messages have been delivered."""
 
-    def __init__(self, run_config: dict[str, Any], node_configs: dict[int, dict[str, Any]], run_id: int = 1) -> None:
+    def __init__(self, run_config: dict[str, Any], node_configs: dict[int, dict[str, Any]], run_id: int = 1,
+                 client_app: ClientApp = dpsgd_app) -> None:
+        self.client_app = client_app
         self.run_config = run_config
         self.node_configs = node_configs
         self.run_id = run_id
@@ -70,7 +73,7 @@ class InProcessGrid:
                 raise ServerKilled(f"killed after {self.delivered} messages")
             node = message.metadata.dst_node_id
             message.metadata.__dict__["_src_node_id"] = 0
-            reply = app(message, self.contexts[node])
+            reply = self.client_app(message, self.contexts[node])
             reply.metadata.__dict__["_src_node_id"] = node
             self.delivered += 1
             if not self.lose(node, message):

@@ -1,0 +1,93 @@
+"""Server side of the federated classic algorithms: ask every node for its noisy share of
+a statistic, add the shares, and finish on the server (solve the regression; move the
+centroids). Replies are untrusted: a refusal, a wrong shape, a non-finite value, or
+events other than the ones the request costs drop that node's share from the sum.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from clients.classic_app import ARRAYS, CONFIG, VALUES, entry
+from fedpriv.algorithms import kmeans, linreg
+from fedpriv.federation import protocol
+from fedpriv.privacy.events import DpEvent
+
+
+@dataclass
+class Shares:
+    """What one federated run gathered: the summed statistic per step, and per client the
+    events its accepted replies booked (for the results; the node's ledger is the truth)."""
+
+    events: dict[str, list[DpEvent]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def _ask(grid: Grid, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray], size: int,
+         expected: DpEvent, shares: Shares) -> np.ndarray:
+    """Send the request to every node; the sum of the valid replies' values."""
+    content = RecordDict({CONFIG: ConfigRecord(dict(config)),
+                          ARRAYS: ArrayRecord({k: Array(np.asarray(v, float)) for k, v in arrays.items()})})
+    messages = [Message(content, dst_node_id=node, message_type=MessageType.QUERY) for node in grid.get_node_ids()]
+    key = entry(str(config["run-key"]), str(config["algorithm"]), int(config["step"]))
+    total = np.zeros(size)
+    for reply in grid.send_and_receive(messages):
+        node = str(reply.metadata.src_node_id)
+        if reply.has_error():
+            shares.refused[node] = reply.error.reason
+            continue
+        try:
+            values = reply.content.array_records[VALUES][VALUES].numpy().astype(float)
+            booked_entry, events = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
+        except (KeyError, TypeError, ValueError) as err:
+            shares.refused[node] = f"malformed reply: {err}"
+            continue
+        if values.shape != (size,) or not np.all(np.isfinite(values)) or booked_entry != key or events != (expected,):
+            shares.refused[node] = "reply does not match the request (shape, finiteness, entry or events)"
+            log(WARNING, "Dropped the share of node %s: %s", node, shares.refused[node])
+            continue
+        shares.events.setdefault(node, []).append(expected)
+        total += values
+    return total
+
+
+def federated_linreg(grid: Grid, dataset: str, seed: int, epsilon: float, bounds: linreg.Bounds,
+                     quadratic_share: float = 0.5) -> tuple[np.ndarray, Shares]:
+    """One release per node of its noisy coefficient sums; the weights solving their sum."""
+    d = len(bounds.low)
+    size = (d + 1) * (d + 2) // 2
+    config = {"algorithm": "linreg", "dataset": dataset, "seed": seed, "epsilon": epsilon, "step": 0,
+              "run-key": f"run-{secrets.token_hex(6)}", "quadratic-share": quadratic_share}
+    arrays = {"low": bounds.low, "high": bounds.high, "target": np.array(bounds.target)}
+    shares = Shares()
+    total = _ask(grid, config, arrays, size + d + 1, linreg.release_event(d, epsilon, quadratic_share), shares)
+    summed = linreg.Coefficients(total[:size], total[size:])
+    # each node's share carries its own noise: the sum's quadratic noise scale grows as √K
+    scale = linreg.sensitivities(d)[0] / (epsilon * quadratic_share) * np.sqrt(max(1, len(shares.events)))
+    return linreg.solve(summed, d, scale), shares
+
+
+def federated_dplloyd(grid: Grid, dataset: str, seed: int, epsilon: float, k: int, box: kmeans.Box,
+                      iterations: int = 5) -> tuple[np.ndarray, Shares]:
+    """DPLloyd across nodes: each iteration every node releases its noisy (count, sum) per
+    cluster for ε/T, the server adds them and moves the centroids."""
+    centroids = kmeans.initial_centroids(k, box, np.random.default_rng(seed))
+    run_key = f"run-{secrets.token_hex(6)}"
+    event = kmeans.release_event(k, box, epsilon / iterations)
+    shares = Shares()
+    for step in range(iterations):
+        config = {"algorithm": "kmeans-dplloyd", "dataset": dataset, "seed": seed, "epsilon": epsilon / iterations,
+                  "step": step, "run-key": run_key}
+        total = _ask(grid, config, {"low": box.low, "high": box.high, "centroids": centroids},
+                     k * (1 + len(box.low)), event, shares)
+        centroids = kmeans.update(total.reshape(k, -1), centroids, box)
+    return centroids, shares

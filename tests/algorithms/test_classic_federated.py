@@ -1,0 +1,90 @@
+"""The classic algorithms across Flower ClientApps (in-process grid): each node books its
+release in its own durable ledger before touching its data, refuses past its budget and
+never answers one entry twice; the server drops a share that does not match the request."""
+
+import numpy as np
+import pytest
+
+from clients.classic_app import app
+from fedpriv.algorithms import kmeans, linreg
+from fedpriv.algorithms.datasets import load
+from fedpriv.privacy import PrivacyLedger, make_accountant
+from server.classic import federated_dplloyd, federated_linreg
+from tests.flower.inprocess import InProcessGrid, node_config
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+DIABETES = linreg.Bounds(np.full(10, -0.2), np.full(10, 0.2), (25.0, 346.0))
+IRIS = kmeans.Box(np.zeros(4), np.full(4, 8.0))
+
+
+def _grid(tmp_path, clients: int, budget: float) -> InProcessGrid:
+    nodes = {i: node_config(i, clients, tmp_path, **{"epsilon-budget": budget, "randomness": "seeded", "seed": 1})
+             for i in range(clients)}
+    return InProcessGrid({}, nodes, client_app=app)
+
+
+def _spent(tmp_path, client: int) -> tuple[int, float]:
+    ledger = PrivacyLedger.load(tmp_path / f"node{client}" / "ledger.json")
+    accountant = make_accountant("basic")
+    for events in ledger.entries(str(client)).values():
+        for event in events:
+            accountant.compose(event)
+    return len(ledger.entries(str(client))), accountant.epsilon(1e-5)
+
+
+def test_federated_linreg_books_epsilon_per_node_and_fits(tmp_path):
+    grid = _grid(tmp_path, 3, budget=2e4)
+    weights, shares = federated_linreg(grid, "diabetes", 0, 1e4, DIABETES)
+    assert sorted(shares.events) == [str(n) for n in grid.get_node_ids()] and not shares.refused
+    for client in range(3):
+        entries, epsilon = _spent(tmp_path, client)
+        assert entries == 1 and epsilon == pytest.approx(1e4, rel=1e-6)
+    x_train, y_train, x_test, y_test = load("diabetes", 0)
+    central, _ = linreg.fit(x_train, y_train, DIABETES, 1e6, rng=np.random.default_rng(0))
+    federated = np.mean((linreg.predict(weights, x_test, DIABETES) - y_test) ** 2)
+    assert federated < 1.1 * np.mean((linreg.predict(central, x_test, DIABETES) - y_test) ** 2)
+
+
+def test_a_node_refuses_a_release_over_its_budget_before_reading_data(tmp_path, monkeypatch):
+    read = []
+    monkeypatch.setattr("clients.classic_app.load", lambda *args: read.append(args))
+    grid = _grid(tmp_path, 2, budget=1.0)
+    _, shares = federated_linreg(grid, "diabetes", 0, 2.0, DIABETES)
+    assert len(shares.refused) == 2 and all("exceed its budget" in r for r in shares.refused.values())
+    assert read == [] and not (tmp_path / "node0" / "ledger.json").exists()  # nothing booked, nothing read
+
+
+def test_federated_dplloyd_spends_epsilon_over_its_iterations_and_clusters(tmp_path):
+    grid = _grid(tmp_path, 3, budget=2e4)
+    centroids, shares = federated_dplloyd(grid, "iris", 0, 1e4, 3, IRIS, iterations=5)
+    assert not shares.refused
+    for client in range(3):
+        entries, epsilon = _spent(tmp_path, client)
+        assert entries == 5 and epsilon == pytest.approx(1e4, rel=1e-6)
+    x_train, y_train, _, _ = load("iris", 0)
+    assert kmeans.clustering_accuracy(y_train.astype(int), kmeans.assign(x_train, centroids)) > 0.8
+
+
+def test_a_replayed_release_is_refused_and_a_bad_share_dropped(tmp_path, monkeypatch):
+    grid = _grid(tmp_path, 2, budget=10.0)
+    monkeypatch.setattr("server.classic.secrets.token_hex", lambda n: "a" * (2 * n))  # the server repeats its key
+    federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
+    _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
+    assert all("already ran" in reason for reason in shares.refused.values()) and len(shares.refused) == 2
+    assert _spent(tmp_path, 0)[0] == 1
+    # a node whose reply claims other events (here: a cheaper release) is not summed
+    real = grid.client_app
+
+    def cheat(message, context):
+        reply = real(message, context)
+        if context.node_config["partition-id"] == 1 and not reply.has_error():
+            from fedpriv.federation import protocol
+            from fedpriv.privacy.events import LaplaceEvent
+            key, _ = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
+            reply.content.config_records[protocol.PRIVACY] = protocol.events_record(key, (LaplaceEvent(100.0),))
+        return reply
+
+    grid.client_app = cheat
+    monkeypatch.setattr("server.classic.secrets.token_hex", lambda n: "b" * (2 * n))
+    _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
+    assert list(shares.refused) == ["1"] and list(shares.events) == ["0"]
