@@ -92,6 +92,9 @@ CASES = {
     "deployment-min-clients-over-nodes": Case("simulations.deployment", ("--nodes", "2", "--rounds", "1", "--out",
                                                                          "{empty}/d", "--min-clients", "3"),
                                               "--min-clients"),
+    "classic-epsilon-0": Case("simulations.classic", ("linreg", "--epsilon", "0"), "--epsilon"),
+    "classic-clients-input-perturbation": Case("simulations.classic", ("kmeans-input", "--epsilon", "1", "--clients",
+                                                                       "2"), "--clients"),
     "benchmark-simulation-fraction-train": Case("benchmarks.simulation", ("--fraction-train", "1.5"),
                                                 "--fraction-train"),
 }

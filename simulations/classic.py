@@ -1,0 +1,207 @@
+"""The classic DP algorithms of the seed papers: ``python -m simulations.classic ALGORITHM --epsilon E``.
+
+ALGORITHM: ``linreg`` (functional mechanism, diabetes), ``kmeans-dplloyd`` and
+``kmeans-input`` (iris). Centralized by default; ``--clients K`` runs ``linreg`` and
+``kmeans-dplloyd`` across K Flower ClientApps in Flower's simulation engine, each node
+with its own policy and durable ledger. Prints (and with ``--out`` writes) one JSON object;
+``--sweep`` runs ε ∈ {0.1, 0.5, 1, 2, 5, 10} over several seeds and draws metric vs ε.
+Bounds are stated here, not read off the data (docs/classic.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulations._cli import Parser, at_least, positive
+
+ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris"}
+FEDERATED = ("linreg", "kmeans-dplloyd")
+SWEEP = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+LATTICE_SLACK = 1e-6
+"""Simulated nodes get a budget of ε·(1 + 1e-6): rounding to the Laplace lattice costs
+about 1e-8 of ε on top of the request (docs/mechanisms.md)."""
+
+
+def stated_bounds(algorithm: str) -> Any:
+    """The bounds a user states for the data set (from its documentation, not its values)."""
+    from fedpriv.algorithms import kmeans, linreg
+
+    if algorithm == "linreg":  # diabetes: features standardised to |x| ≤ 0.2; target 25–346
+        return linreg.Bounds(np.full(10, -0.2), np.full(10, 0.2), (25.0, 346.0))
+    return kmeans.Box(np.zeros(4), np.full(4, 8.0))  # iris: lengths in cm, all under 8
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m simulations.classic", description=__doc__.split("\n\n")[0])
+    p.add_argument("algorithm", choices=sorted(ALGORITHMS))
+    p.add_argument("--epsilon", type=positive, required=True, help="ε of the whole run, per record")
+    p.add_argument("--clients", type=at_least(2), help=f"run across K Flower clients ({', '.join(FEDERATED)})")
+    p.add_argument("--seed", type=int, default=0, help="data split, initial centroids and the noise (default: 0)")
+    p.add_argument("--iterations", type=at_least(1), default=5, help="DPLloyd iterations (default: 5)")
+    p.add_argument("--sweep", action="store_true", help=f"ε in {SWEEP}, 5 seeds each, and a plot (centralized)")
+    p.add_argument("--out", type=Path, help="JSON file to write (with --sweep: also a PNG beside it)")
+    return p
+
+
+def metric(algorithm: str, model: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Test MSE (linreg, target units) or clustering accuracy (k-means)."""
+    from fedpriv.algorithms import kmeans, linreg
+
+    if algorithm == "linreg":
+        return float(np.mean((linreg.predict(model, x, stated_bounds(algorithm)) - y) ** 2))
+    return kmeans.clustering_accuracy(y.astype(int), kmeans.assign(x, model))
+
+
+def nonprivate(algorithm: str, seed: int) -> float:
+    from sklearn.cluster import KMeans
+    from sklearn.linear_model import LinearRegression
+
+    from fedpriv.algorithms.datasets import load
+
+    x, y, x_test, y_test = load(ALGORITHMS[algorithm], seed)
+    if algorithm == "linreg":
+        return float(np.mean((LinearRegression().fit(x, y).predict(x_test) - y_test) ** 2))
+    labels = KMeans(3, n_init=10, random_state=seed).fit(x).predict(x_test)
+    from fedpriv.algorithms.kmeans import clustering_accuracy
+
+    return clustering_accuracy(y_test.astype(int), labels)
+
+
+def centralized(algorithm: str, epsilon: float, seed: int, iterations: int) -> tuple[float, dict[str, float]]:
+    """(metric, {"0": ε from a ledger}) of one centralized run."""
+    from sklearn.cluster import KMeans
+
+    from fedpriv.algorithms import kmeans, linreg
+    from fedpriv.algorithms.datasets import load
+    from fedpriv.privacy import Budget, PrivacyLedger
+
+    x, y, x_test, y_test = load(ALGORITHMS[algorithm], seed)
+    rng = np.random.default_rng(seed)
+    bounds = stated_bounds(algorithm)
+    if algorithm == "linreg":
+        model, event = linreg.fit(x, y, bounds, epsilon, rng=rng)
+    elif algorithm == "kmeans-dplloyd":
+        model, event = kmeans.dplloyd(x, 3, bounds, epsilon, iterations, rng=rng, init_rng=np.random.default_rng(seed))
+    else:
+        noisy, event = kmeans.perturb_inputs(x, bounds, epsilon, rng=rng)
+        model = KMeans(3, n_init=10, random_state=seed).fit(noisy).cluster_centers_
+    ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=1e-5), accountant="basic")
+    ledger.record("0", f"{algorithm}/centralized", (event,))
+    return metric(algorithm, model, x_test, y_test), {"0": ledger.spent("0")}
+
+
+def federated(algorithm: str, epsilon: float, seed: int, clients: int, iterations: int) -> tuple[float, dict[str, float]]:
+    """(metric, each node's ε from its own ledger) of a run across ``clients`` simulated nodes."""
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from clients.classic_app import app as client_app
+    from fedpriv.algorithms.datasets import load
+    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+    from fedpriv.privacy import PrivacyLedger, make_accountant
+    from server.classic import federated_dplloyd, federated_linreg
+    from simulations._ray import ray_cluster
+
+    outcome: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        bounds = stated_bounds(algorithm)
+        if algorithm == "linreg":
+            outcome["model"], outcome["shares"] = federated_linreg(grid, ALGORITHMS[algorithm], seed, epsilon, bounds)
+        else:
+            outcome["model"], outcome["shares"] = federated_dplloyd(grid, ALGORITHMS[algorithm], seed, epsilon, 3,
+                                                                    bounds, iterations)
+
+    with tempfile.TemporaryDirectory(prefix="fedpriv-classic-") as state:
+        policy = Path(state) / "policy.toml"
+        # pure-DP releases compose exactly under basic composition (RDP's conversion adds a little)
+        policy.write_text(policy_file_text({"epsilon-budget": epsilon * (1 + LATTICE_SLACK), "randomness": "seeded",
+                                            "seed": seed, "state-dir": f"{state}/nodes/{{partition-id}}",
+                                            "accountant": "basic"}))
+        with ray_cluster({}, {POLICY_ENV: str(policy)}):
+            import os
+
+            os.environ[POLICY_ENV] = str(policy)
+            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
+                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        if "model" not in outcome:
+            raise SystemExit("python -m simulations.classic: the ServerApp did not finish; see the log above")
+        spent = {}
+        for client in range(clients):
+            path = Path(state) / "nodes" / str(client) / "ledger.json"
+            accountant = make_accountant("basic")
+            if path.exists():
+                for events in PrivacyLedger.load(path).entries(str(client)).values():
+                    for event in events:
+                        accountant.compose(event)
+            spent[str(client)] = accountant.epsilon(1e-5) if path.exists() else 0.0
+    _, _, x_test, y_test = load(ALGORITHMS[algorithm], seed)
+    return metric(algorithm, outcome["model"], x_test, y_test), spent
+
+
+def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iterations: int) -> dict[str, Any]:
+    """One run as the JSON object the command prints."""
+    if clients:
+        value, spent = federated(algorithm, epsilon, seed, clients, iterations)
+    else:
+        value, spent = centralized(algorithm, epsilon, seed, iterations)
+    return {"algorithm": algorithm, "epsilon": epsilon, "clients": clients or 1,
+            "metric_name": "test_mse" if algorithm == "linreg" else "clustering_accuracy", "metric": value,
+            "nonprivate_metric": nonprivate(algorithm, seed),
+            "diffprivlib_metric": None,  # diffprivlib 0.6.6 does not import with scikit-learn >= 1.6
+            "client_epsilon": spent}
+
+
+def sweep(algorithm: str, iterations: int, out: Path | None) -> dict[str, Any]:
+    """Every ε of SWEEP over 5 seeds, centralized; a PNG beside ``out``."""
+    points = [run(algorithm, epsilon, seed, None, iterations) for epsilon in SWEEP for seed in range(5)]
+    summary = {"algorithm": algorithm, "points": points,
+               "mean": {str(e): float(np.mean([p["metric"] for p in points if p["epsilon"] == e])) for e in SWEEP},
+               "nonprivate_metric": float(np.mean([p["nonprivate_metric"] for p in points]))}
+    if out is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot(SWEEP, [summary["mean"][str(e)] for e in SWEEP], "o-", label=f"{algorithm} (mean of 5 seeds)")
+        ax.axhline(summary["nonprivate_metric"], color="k", ls="--", label="non-private")
+        ax.set_xscale("log")
+        ax.set_xlabel("ε")
+        ax.set_ylabel(points[0]["metric_name"].replace("_", " "))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out.with_suffix(".png"), dpi=120)
+        plt.close(fig)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.clients and args.algorithm not in FEDERATED:
+        parser.error(f"--clients: {args.algorithm} runs centralized only (federated: {', '.join(FEDERATED)})")
+    if args.sweep and args.clients:
+        parser.error("--sweep runs centralized; drop --clients")
+    result = sweep(args.algorithm, args.iterations, args.out) if args.sweep else \
+        run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
+    text = json.dumps(result, indent=2 if args.sweep else None)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text if not args.sweep else json.dumps(result["mean"]))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
