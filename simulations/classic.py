@@ -1,7 +1,8 @@
 """The classic DP algorithms of the seed papers: ``python -m simulations.classic ALGORITHM --epsilon E``.
 
 ALGORITHM: ``linreg`` (functional mechanism, diabetes), ``kmeans-dplloyd`` and
-``kmeans-input`` (iris). Centralized by default; ``--clients K`` runs ``linreg`` and
+``kmeans-input`` (iris), ``ann-iris`` (DP-SGD, 5-fold cross-validation; ε for the whole
+procedure) and ``output-perturbation`` (ε per answered query; iris). Centralized by default; ``--clients K`` runs ``linreg`` and
 ``kmeans-dplloyd`` across K Flower ClientApps in Flower's simulation engine, each node
 with its own policy and durable ledger. Prints (and with ``--out`` writes) one JSON object;
 ``--sweep`` runs ε ∈ {0.1, 0.5, 1, 2, 5, 10} over several seeds and draws metric vs ε.
@@ -20,7 +21,9 @@ import numpy as np
 
 from simulations._cli import Parser, at_least, positive
 
-ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris"}
+ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
+              "output-perturbation": "iris"}
+CLASSIFIERS = ("ann-iris", "output-perturbation")
 FEDERATED = ("linreg", "kmeans-dplloyd")
 SWEEP = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 LATTICE_SLACK = 1e-6
@@ -62,9 +65,17 @@ def nonprivate(algorithm: str, seed: int) -> float:
     from sklearn.cluster import KMeans
     from sklearn.linear_model import LinearRegression
 
+    from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
 
     x, y, x_test, y_test = load(ALGORITHMS[algorithm], seed)
+    if algorithm == "ann-iris":  # the same 5 folds, trained without privacy
+        x_all, y_all = np.vstack([x, x_test]), np.concatenate([y, y_test]).astype(int)
+        folds = np.array_split(np.random.default_rng(seed).permutation(len(y_all)), iris.FOLDS)
+        return float(np.mean([iris.accuracy(iris.train_nonprivate(np.delete(x_all, f, 0), np.delete(y_all, f), seed),
+                                            x_all[f], y_all[f]) for f in folds]))
+    if algorithm == "output-perturbation":
+        return iris.accuracy(iris.train_nonprivate(x, y.astype(int), seed), x_test, y_test.astype(int))
     if algorithm == "linreg":
         return float(np.mean((LinearRegression().fit(x, y).predict(x_test) - y_test) ** 2))
     labels = KMeans(3, n_init=10, random_state=seed).fit(x).predict(x_test)
@@ -83,6 +94,8 @@ def centralized(algorithm: str, epsilon: float, seed: int, iterations: int) -> t
 
     x, y, x_test, y_test = load(ALGORITHMS[algorithm], seed)
     rng = np.random.default_rng(seed)
+    if algorithm in CLASSIFIERS:
+        return classifier(algorithm, epsilon, seed, x, y.astype(int), x_test, y_test.astype(int), rng)
     bounds = stated_bounds(algorithm)
     if algorithm == "linreg":
         model, event = linreg.fit(x, y, bounds, epsilon, rng=rng)
@@ -94,6 +107,26 @@ def centralized(algorithm: str, epsilon: float, seed: int, iterations: int) -> t
     ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=1e-5), accountant="basic")
     ledger.record("0", f"{algorithm}/centralized", (event,))
     return metric(algorithm, model, x_test, y_test), {"0": ledger.spent("0")}
+
+
+def classifier(algorithm: str, epsilon: float, seed: int, x: np.ndarray, y: np.ndarray, x_test: np.ndarray,
+               y_test: np.ndarray, rng: np.random.Generator) -> tuple[float, dict[str, float]]:
+    """(test accuracy, {"0": ε from the ledger}) of the DP-SGD ANN or output perturbation."""
+    from fedpriv.algorithms import iris
+    from fedpriv.privacy import Budget, PrivacyLedger
+
+    if algorithm == "ann-iris":
+        x_all, y_all = np.vstack([x, x_test]), np.concatenate([y, y_test])
+        accuracy, events = iris.cross_validate(x_all, y_all, epsilon, 1e-5, seed)
+        ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=1e-5))
+        for fold, event in enumerate(events):
+            ledger.record("0", f"ann-iris/fold-{fold}", (event,))
+        return accuracy, {"0": ledger.spent("0")}
+    ledger = PrivacyLedger(Budget(epsilon=epsilon * len(y_test) * (1 + LATTICE_SLACK), delta=1e-5),
+                           accountant="basic")
+    answers = iris.PerturbedOutputs(iris.train_nonprivate(x, y, seed), epsilon, ledger, rng=rng)
+    predicted = np.array([answers.answer(record).argmax() for record in x_test])
+    return float((predicted == y_test).mean()), {"0": ledger.spent("0")}
 
 
 def federated(algorithm: str, epsilon: float, seed: int, clients: int, iterations: int) -> tuple[float, dict[str, float]]:
@@ -155,7 +188,8 @@ def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iteratio
     else:
         value, spent = centralized(algorithm, epsilon, seed, iterations)
     return {"algorithm": algorithm, "epsilon": epsilon, "clients": clients or 1,
-            "metric_name": "test_mse" if algorithm == "linreg" else "clustering_accuracy", "metric": value,
+            "metric_name": {"linreg": "test_mse", **dict.fromkeys(CLASSIFIERS, "test_accuracy")}.get(
+                algorithm, "clustering_accuracy"), "metric": value,
             "nonprivate_metric": nonprivate(algorithm, seed),
             "diffprivlib_metric": None,  # diffprivlib 0.6.6 does not import with scikit-learn >= 1.6
             "client_epsilon": spent}
