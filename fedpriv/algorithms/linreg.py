@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedpriv.algorithms.box import Box
 from fedpriv.mechanisms import epsilon_of, laplace_mechanism
 from fedpriv.privacy.events import ComposedEvent, DpEvent, LaplaceEvent
 
@@ -40,11 +41,7 @@ class Bounds:
     target: tuple[float, float]
 
     def __post_init__(self) -> None:
-        low, high = np.asarray(self.low, float), np.asarray(self.high, float)
-        if low.shape != high.shape or low.ndim != 1:
-            raise ValueError("feature bounds must be two 1-d arrays of one length")
-        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
-            raise ValueError("feature bounds must be finite with low < high")
+        Box(self.low, self.high)  # the features' ranges: the same checks
         t_low, t_high = self.target
         if not (np.isfinite(t_low) and np.isfinite(t_high) and t_low < t_high):
             raise ValueError(f"target bounds must be finite with low < high, got {self.target!r}")
