@@ -133,12 +133,24 @@ def _dplloyd(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEven
     return out.values.ravel(), out.event
 
 
+def _moments_cost(request: Request) -> DpEvent:
+    _ = request.dataset, request.seed  # checked before anything is booked
+    return kmeans.moments_event(_box(request), request.epsilon)
+
+
+def _moments(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    x, _ = node.share(request.dataset, request.seed)
+    out = kmeans.noisy_moments(x, _box(request), request.epsilon, rng)
+    return out.values, out.event
+
+
 def _box(request: Request) -> kmeans.Box:
     return kmeans.Box(request.array("low"), request.array("high"))
 
 
 RELEASES: dict[str, ReleaseKind] = {
     "linreg": ReleaseKind(_linreg_cost, _linreg),
+    "kmeans-moments": ReleaseKind(_moments_cost, _moments),
     "kmeans-dplloyd": ReleaseKind(_dplloyd_cost, _dplloyd),
 }
 

@@ -77,17 +77,21 @@ def federated_linreg(grid: Grid, dataset: str, seed: int, epsilon: float, bounds
 
 
 def federated_dplloyd(grid: Grid, dataset: str, seed: int, epsilon: float, k: int, box: kmeans.Box,
-                      iterations: int = 5) -> tuple[np.ndarray, Shares]:
-    """DPLloyd across nodes: each iteration every node releases its noisy (count, sum) per
-    cluster for ε/T, the server adds them and moves the centroids."""
-    centroids = kmeans.initial_centroids(k, box, np.random.default_rng(seed))
+                      iterations: int = 3) -> tuple[np.ndarray, Shares]:
+    """DPLloyd across nodes, as ``kmeans.dplloyd``: every node releases its noisy moments,
+    whose sum sets the initial centroids, then each iteration its noisy (count, sum) per
+    cluster; the server adds them and moves the centroids. Each release costs ε/(T + 1)."""
     run_key = f"run-{secrets.token_hex(6)}"
-    event = kmeans.release_event(k, box, epsilon / iterations)
+    share = kmeans.init_epsilon(epsilon, iterations)
     shares = Shares()
+    request = {"dataset": dataset, "seed": seed, "epsilon": share, "run-key": run_key}
+    bounds = {"low": box.low, "high": box.high}
+    moments = _ask(grid, {**request, "algorithm": "kmeans-moments", "step": 0}, bounds, 1 + 2 * len(box.low),
+                   kmeans.moments_event(box, share), shares)
+    centroids = kmeans.initial_centroids(moments, k, box, np.random.default_rng(seed))
+    event = kmeans.release_event(k, box, share)
     for step in range(iterations):
-        config = {"algorithm": "kmeans-dplloyd", "dataset": dataset, "seed": seed, "epsilon": epsilon / iterations,
-                  "step": step, "run-key": run_key}
-        total = _ask(grid, config, {"low": box.low, "high": box.high, "centroids": centroids},
+        total = _ask(grid, {**request, "algorithm": "kmeans-dplloyd", "step": step}, {**bounds, "centroids": centroids},
                      k * (1 + len(box.low)), event, shares)
         centroids = kmeans.update(total.reshape(k, -1), centroids, box)
     return centroids, shares

@@ -46,7 +46,7 @@ def build_parser() -> Parser:
     p.add_argument("--epsilon", type=positive, required=True, help="ε of the whole run, per record")
     p.add_argument("--clients", type=at_least(2), help=f"run across K Flower clients ({', '.join(FEDERATED)})")
     p.add_argument("--seed", type=int, default=0, help="data split, initial centroids and the noise (default: 0)")
-    p.add_argument("--iterations", type=at_least(1), default=5, help="DPLloyd iterations (default: 5)")
+    p.add_argument("--iterations", type=at_least(1), default=3, help="DPLloyd iterations (default: 3)")
     p.add_argument("--sweep", action="store_true", help=f"ε in {SWEEP}, 5 seeds each, and a plot (centralized)")
     p.add_argument("--out", type=Path, help="JSON file to write (with --sweep: also a PNG beside it)")
     return p

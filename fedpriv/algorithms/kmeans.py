@@ -5,6 +5,12 @@ are clamped to them, never used to set them.
 
 **DPLloyd** (Blum et al.'s SuLQ k-means, as in Su et al. 2016): a fixed number T of Lloyd
 iterations, each releasing every cluster's count and coordinate sum with Laplace noise.
+Initial centroids drawn uniformly from the box (data-independent) leave Lloyd far from the
+data when the box is loose (iris in [0, 8]^4: 0.71 clustering accuracy even *without*
+noise), so a first release spends a share ε/(T + 1) on the data's noisy count, coordinate
+sums and sums of squares, and the k initial centroids are drawn from the Gaussian with
+that mean and per-coordinate spread (a public seed picks the draws): L1 sensitivity
+1 + Σ_j r_j + Σ_j r_j².
 Coordinates are centred on the box's midpoint, so |x_j| ≤ r_j (half the range); adding or
 removing one record (the ledger's adjacency) moves one count by 1 and one cluster's sum by
 at most Σ_j r_j: L1 sensitivity 1 + Σ_j r_j for the whole release, ε/T per iteration.
@@ -23,7 +29,7 @@ from scipy.optimize import linear_sum_assignment
 
 from fedpriv.algorithms.box import Box
 from fedpriv.mechanisms import LaplaceRelease, epsilon_of, laplace_mechanism
-from fedpriv.privacy.events import DpEvent, LaplaceEvent, SelfComposedEvent
+from fedpriv.privacy.events import ComposedEvent, DpEvent, LaplaceEvent, SelfComposedEvent
 
 
 SUM_BOUND = 1e12
@@ -66,33 +72,73 @@ def update(noisy: np.ndarray, previous: np.ndarray, box: Box) -> np.ndarray:
     return box.clamp(means)
 
 
-def initial_centroids(k: int, box: Box, rng: np.random.Generator) -> np.ndarray:
-    """k points drawn uniformly from the box: data-independent, so free."""
-    return rng.uniform(box.low, box.high, size=(k, len(box.low)))
+def moments(x: np.ndarray, box: Box) -> np.ndarray:
+    """(count, Σ centred coordinates, Σ their squares): shape (1 + 2d,). What a client sends."""
+    x = _records(x, box) - box.centre
+    return np.concatenate([[len(x)], x.sum(axis=0), (x**2).sum(axis=0)])
 
 
-def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 5,
+def moments_sensitivity(box: Box) -> float:
+    """L1 sensitivity of ``moments`` under add/remove: 1 + Σ_j r_j + Σ_j r_j²."""
+    return 1.0 + float(box.radius.sum() + (box.radius**2).sum())
+
+
+def noisy_moments(x: np.ndarray, box: Box, epsilon: float, rng: np.random.Generator | None = None) -> LaplaceRelease:
+    """``moments`` with Laplace noise for ε: the release behind the initial centroids."""
+    sensitivity = moments_sensitivity(box)
+    return laplace_mechanism(moments(x, box), sensitivity=sensitivity, scale=sensitivity / epsilon,
+                             bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
+
+
+def initial_centroids(noisy_moments: np.ndarray, k: int, box: Box, rng: np.random.Generator) -> np.ndarray:
+    """k points from N(mean, diag(spread²)) of the noisy moments, clamped to the box (a
+    noisy count below 1 gives the box's centre and its radius as the spread)."""
+    d = len(box.low)
+    count = noisy_moments[0]
+    if count >= 1:
+        mean = noisy_moments[1:1 + d] / count
+        spread = np.sqrt(np.clip(noisy_moments[1 + d:] / count - mean**2, 0.0, box.radius**2))
+    else:
+        mean, spread = np.zeros(d), box.radius
+    return box.clamp(box.centre + mean + spread * rng.standard_normal((k, d)))
+
+
+def init_epsilon(epsilon: float, iterations: int) -> float:
+    """The initialisation's share of ε: one release out of T + 1 equal ones."""
+    return epsilon / (iterations + 1)
+
+
+def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 3,
             rng: np.random.Generator | None = None, init_rng: np.random.Generator | None = None
             ) -> tuple[np.ndarray, DpEvent]:
-    """ε-DP centroids after ``iterations`` DPLloyd steps, and their event. ``rng`` seeds
-    the noise (``None``: the OS CSPRNG); ``init_rng`` the public initial centroids."""
+    """ε-DP centroids: the noisy moments' initialisation, then ``iterations`` DPLloyd steps,
+    each for ε/(T + 1); and their event. ``rng`` seeds the noise (``None``: the OS
+    CSPRNG); ``init_rng`` the public draws of the initial centroids."""
     if not (np.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if k < 1 or iterations < 1:
         raise ValueError("k and iterations must be >= 1")
     x = _records(x, box)
-    centroids = initial_centroids(k, box, init_rng or np.random.default_rng(0))
+    share = init_epsilon(epsilon, iterations)
+    init = noisy_moments(x, box, share, rng)
+    centroids = initial_centroids(init.values, k, box, init_rng or np.random.default_rng(0))
     event = None
     for _ in range(iterations):
-        release = noisy_sums(x, centroids, box, epsilon / iterations, rng)
+        release = noisy_sums(x, centroids, box, share, rng)
         centroids, event = update(release.values, centroids, box), release.event
-    return centroids, SelfComposedEvent(event, iterations)
+    return centroids, ComposedEvent((init.event, SelfComposedEvent(event, iterations)))
 
 
 def release_event(k: int, box: Box, epsilon: float) -> DpEvent:
     """What one ``noisy_sums`` release costs, known before any data is touched."""
     sensitivity = sums_sensitivity(box)
     return LaplaceEvent(1.0 / epsilon_of(k * (1 + len(box.low)), sensitivity, sensitivity / epsilon))
+
+
+def moments_event(box: Box, epsilon: float) -> DpEvent:
+    """What one ``noisy_moments`` release costs, known before any data is touched."""
+    sensitivity = moments_sensitivity(box)
+    return LaplaceEvent(1.0 / epsilon_of(1 + 2 * len(box.low), sensitivity, sensitivity / epsilon))
 
 
 def noisy_sums(x: np.ndarray, centroids: np.ndarray, box: Box, epsilon: float,

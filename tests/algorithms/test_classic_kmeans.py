@@ -10,8 +10,9 @@ from hypothesis.extra.numpy import arrays
 from scipy import stats
 from sklearn.datasets import load_iris
 
-from fedpriv.algorithms.kmeans import (Box, assign, cluster_sums, clustering_accuracy, dplloyd, noisy_sums,
-                                       perturb_inputs, sums_sensitivity, update)
+from fedpriv.algorithms.kmeans import (Box, assign, cluster_sums, clustering_accuracy, dplloyd, initial_centroids,
+                                       moments, moments_sensitivity, noisy_moments, noisy_sums, perturb_inputs,
+                                       sums_sensitivity, update)
 from fedpriv.privacy import make_accountant
 
 BOX = Box(np.array([0.0, -1.0]), np.array([4.0, 1.0]))
@@ -31,6 +32,33 @@ def test_the_sensitivity_is_reached_at_a_corner():
     corner = np.array([[4.0, 1.0]])
     added = cluster_sums(corner, CENTROIDS, BOX)
     assert np.abs(added).sum() == pytest.approx(sums_sensitivity(BOX))  # 1 + (2 + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=arrays(float, (5, 2), elements=coordinates), extra=arrays(float, 2, elements=coordinates))
+def test_adding_one_record_moves_the_moments_by_at_most_their_sensitivity(data, extra):
+    moved = np.abs(moments(np.vstack([data, extra]), BOX) - moments(data, BOX)).sum()
+    assert moved <= moments_sensitivity(BOX) + 1e-9
+
+
+def test_the_moments_sensitivity_is_reached_at_a_corner():
+    assert np.abs(moments(np.array([[4.0, 1.0]]), BOX)).sum() == pytest.approx(moments_sensitivity(BOX))  # 1+3+5
+
+
+def test_the_initialisation_noise_has_the_stated_scale():
+    epsilon = 0.7
+    scale = moments_sensitivity(BOX) / epsilon
+    rng = np.random.default_rng(2)
+    draws = np.concatenate([noisy_moments(np.empty((0, 2)), BOX, epsilon, rng).values for _ in range(800)])
+    assert stats.kstest(draws, stats.laplace(scale=scale).cdf).pvalue > 1e-3
+    assert stats.kstest(draws, stats.laplace(scale=1.2 * scale).cdf).pvalue < 1e-3
+
+
+def test_initial_centroids_are_finite_and_in_the_box_whatever_the_noise():
+    rng = np.random.default_rng(0)
+    for noisy in ([-5.0, 1e9, -1e9, -3.0, 1e12], [0.3, 1.0, 1.0, 1.0, 1.0], [50.0, 50.0, 0.0, 1e6, -7.0]):
+        centroids = initial_centroids(np.array(noisy), 4, BOX, rng)
+        assert np.all(np.isfinite(centroids)) and np.all(centroids >= BOX.low) and np.all(centroids <= BOX.high)
 
 
 def test_dplloyd_noise_has_the_stated_scale():
