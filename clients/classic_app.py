@@ -17,16 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_app import answer
 from clients.releases import book
-from fedpriv.algorithms import kmeans, linreg
+from fedpriv.algorithms import dpdropout, iris, kmeans, linreg
 from fedpriv.algorithms.datasets import LOADERS, client_share, load
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import Randomness, load_policy
-from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
+from fedpriv.seeding import derive_seed
 
 CONFIG, ARRAYS, VALUES = "config", "arrays", "values"
 
@@ -148,10 +150,84 @@ def _box(request: Request) -> kmeans.Box:
     return kmeans.Box(request.array("low"), request.array("high"))
 
 
+def _ann_cost(request: Request) -> DpEvent:
+    _ = request.dataset, request.seed, request.number("max-grad-norm"), request.number("lr")  # checked first
+    if request.array("weights").shape != (iris.NUM_PARAMETERS,) or request.number("lot-size") <= 0:
+        raise protocol.ProtocolError(f"weights must be {iris.NUM_PARAMETERS} numbers and lot-size > 0")
+    return dpsgd_event(request.number("noise-multiplier"), request.number("sample-rate"), int(request.config["steps"]))
+
+
+def _ann(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    """DP-SGD from the server's weights on this node's share; the trained weights."""
+    x, y = node.share(request.dataset, request.seed)
+    model = iris.network(0)
+    torch.nn.utils.vector_to_parameters(torch.as_tensor(request.array("weights"), dtype=torch.float32),
+                                        model.parameters())
+    seeds = None if rng is None else (int(rng.integers(2**62)), int(rng.integers(2**62)))
+    (event,) = iris.train(model, x, y.astype(int), noise_multiplier=request.number("noise-multiplier"),
+                          sample_rate=request.number("sample-rate"), steps=int(request.config["steps"]),
+                          max_grad_norm=request.number("max-grad-norm"), lr=request.number("lr"), seeds=seeds,
+                          expected_lot_size=request.number("lot-size"))
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy(), event
+
+
+def _answers_cost(request: Request) -> DpEvent:
+    _ = request.dataset, request.seed  # checked before anything is booked
+    queries = request.array("queries")
+    if queries.ndim != 2 or queries.shape[1] != iris.NUM_FEATURES:
+        raise protocol.ProtocolError(f"queries must have shape (m, {iris.NUM_FEATURES}), got {queries.shape}")
+    return SelfComposedEvent(iris.answer_event(request.epsilon), len(queries))
+
+
+def _answers(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    """Laplace output perturbation of a network trained (without noise) on this node's share."""
+    x, y = node.share(request.dataset, request.seed)
+    model = iris.train_nonprivate(x, y.astype(int), request.seed)
+    answers, event = iris.noisy_answers(model, request.array("queries"), request.epsilon, rng)
+    return answers.ravel(), event
+
+
+def _dpdropout_settings(request: Request) -> dpdropout.Settings:
+    """One local epoch of the requested method at the server's rate q (``Settings`` checks
+    every value; the placeholder lot size is unused under a fixed q)."""
+    if request.dataset != "digits":
+        raise protocol.ProtocolError(f"dpdropout runs on digits, not {request.dataset!r}")
+    return dpdropout.Settings(method=str(request.config["method"]), hidden=int(request.config["hidden"]),
+                              max_grad_norm=request.number("max-grad-norm"), lot_size=1, epochs=1,
+                              lr=request.number("lr"), dropout=request.number("dropout"),
+                              fixed_sample_rate=request.number("sample-rate"))
+
+
+def _dpdropout_cost(request: Request) -> DpEvent:
+    settings = _dpdropout_settings(request)
+    _ = request.seed, request.number("lot-size"), int(request.config["step"])  # checked before anything is booked
+    if request.array("weights").shape != (dpdropout.parameter_count(dpdropout.DIGITS_FEATURES, settings.hidden),):
+        raise protocol.ProtocolError("weights do not fit the requested network")
+    return dpsgd_event(request.number("noise-multiplier"), settings.sample_rate(1), settings.steps(1))
+
+
+def _dpdropout(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    """One local DPD epoch (round ``step`` + 1 of η0/t) from the server's weights; the trained weights."""
+    settings = _dpdropout_settings(request)
+    x, y = node.share(request.dataset, request.seed)
+    model = dpdropout.network(dpdropout.DIGITS_FEATURES, settings, 0)
+    torch.nn.utils.vector_to_parameters(torch.as_tensor(request.array("weights"), dtype=torch.float32),
+                                        model.parameters())
+    epoch = int(request.config["step"]) + 1
+    (event,) = dpdropout.train(model, dpdropout.digits_features(x), torch.as_tensor(y, dtype=torch.long), settings,
+                               request.number("noise-multiplier"), epochs=range(epoch, epoch + 1),
+                               seed=None if rng is None else int(rng.integers(2**62)),
+                               expected_lot_size=request.number("lot-size"))
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy(), event
+
+
 RELEASES: dict[str, ReleaseKind] = {
     "linreg": ReleaseKind(_linreg_cost, _linreg),
     "kmeans-moments": ReleaseKind(_moments_cost, _moments),
     "kmeans-dplloyd": ReleaseKind(_dplloyd_cost, _dplloyd),
+    "ann-iris": ReleaseKind(_ann_cost, _ann),
+    "output-perturbation": ReleaseKind(_answers_cost, _answers),
+    "dpdropout": ReleaseKind(_dpdropout_cost, _dpdropout),
 }
 
 
@@ -172,7 +248,9 @@ def release(msg: Message, context: Context) -> RecordDict:
     key = entry(str(request.config["run-key"]), algorithm, int(request.config["step"]))
     event = kind.cost(request)
     ordinal = book(policy, str(node.client), key, (event,), policy.budget)  # before the data is read
-    rng = None if policy.randomness is Randomness.SECURE else np.random.default_rng([policy.seed or 0, ordinal])
+    # seeded (simulations): a stream per node and per entry, so two nodes given one seed never draw the same noise
+    rng = (None if policy.randomness is Randomness.SECURE
+           else np.random.default_rng(derive_seed(policy.seed or 0, "release", node.client, ordinal)))
     values, spent = kind.compute(request, node, rng)
     assert spent == event, "the release spent another event than was booked"
     return RecordDict({VALUES: ArrayRecord({VALUES: Array(np.asarray(values, float))}),

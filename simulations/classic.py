@@ -2,9 +2,12 @@
 
 ALGORITHM: ``linreg`` (functional mechanism, diabetes), ``kmeans-dplloyd`` and
 ``kmeans-input`` (iris), ``ann-iris`` (DP-SGD, 5-fold cross-validation; ε for the whole
-procedure) and ``output-perturbation`` (ε per answered query; iris). Centralized by default; ``--clients K`` runs ``linreg`` and
-``kmeans-dplloyd`` across K Flower ClientApps in Flower's simulation engine, each node
-with its own policy and durable ledger. Prints (and with ``--out`` writes) one JSON object;
+procedure; federated: trained on the training split, tested on the test split) and
+``output-perturbation`` (ε per answered query; iris). Centralized by default; ``--clients K``
+runs every algorithm but ``kmeans-input`` (local DP: nothing to federate) across K Flower
+ClientApps in Flower's simulation engine, each node with its own policy and durable
+ledger. ``diffprivlib_metric`` is diffprivlib's model of the same kind on the same split
+and ε (LinearRegression, KMeans), null where it has none or is not installed. Prints (and with ``--out`` writes) one JSON object;
 ``--sweep`` runs ε ∈ {0.1, 0.5, 1, 2, 5, 10} over several seeds and draws metric vs ε.
 Bounds are stated here, not read off the data (docs/classic.md).
 """
@@ -24,7 +27,8 @@ from simulations._cli import Parser, at_least, positive
 ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
               "output-perturbation": "iris"}
 CLASSIFIERS = ("ann-iris", "output-perturbation")
-FEDERATED = ("linreg", "kmeans-dplloyd")
+FEDERATED = ("linreg", "kmeans-dplloyd", "ann-iris", "output-perturbation")
+DELTA = 1e-5
 SWEEP = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 LATTICE_SLACK = 1e-6
 """Simulated nodes get a budget of ε·(1 + 1e-6): rounding to the Laplace lattice costs
@@ -84,6 +88,45 @@ def nonprivate(algorithm: str, seed: int) -> float:
     return clustering_accuracy(y_test.astype(int), labels)
 
 
+def _diffprivlib() -> Any:
+    """diffprivlib's models, or None where it is not installed. diffprivlib 0.6.6 imports
+    ``DOUBLE`` and ``DTYPE`` from ``sklearn.tree._tree`` for its random forest, aliases of
+    float64/float32 that scikit-learn 1.6 dropped; they are put back before the import
+    (fedpriv uses none of its tree models)."""
+    import sklearn.tree._tree as tree
+
+    for name, dtype in (("DOUBLE", np.float64), ("DTYPE", np.float32)):
+        if not hasattr(tree, name):
+            setattr(tree, name, dtype)
+    try:
+        import diffprivlib.models
+    except ImportError:
+        return None
+    return diffprivlib.models
+
+
+def diffprivlib_metric(algorithm: str, epsilon: float, seed: int) -> float | None:
+    """The metric of diffprivlib's model of this kind at ε on the same split and bounds."""
+    models = _diffprivlib() if algorithm in ("linreg", "kmeans-dplloyd", "kmeans-input") else None
+    if models is None:
+        return None
+    import warnings
+
+    from fedpriv.algorithms.datasets import load
+    from fedpriv.algorithms.kmeans import clustering_accuracy
+
+    x, y, x_test, y_test = load(ALGORITHMS[algorithm], seed)
+    bounds = stated_bounds(algorithm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its PrivacyLeakWarning / DiffprivlibCompatibilityWarning
+        if algorithm == "linreg":
+            model = models.LinearRegression(epsilon=epsilon, bounds_X=(bounds.low, bounds.high),
+                                            bounds_y=bounds.target, random_state=seed).fit(x, y)
+            return float(np.mean((model.predict(x_test) - y_test) ** 2))
+        model = models.KMeans(3, epsilon=epsilon, bounds=(bounds.low, bounds.high), random_state=seed).fit(x)
+        return clustering_accuracy(y_test.astype(int), model.predict(x_test))
+
+
 def centralized(algorithm: str, epsilon: float, seed: int, iterations: int) -> tuple[float, dict[str, float]]:
     """(metric, {"0": ε from a ledger}) of one centralized run."""
     from sklearn.cluster import KMeans
@@ -104,7 +147,7 @@ def centralized(algorithm: str, epsilon: float, seed: int, iterations: int) -> t
     else:
         noisy, event = kmeans.perturb_inputs(x, bounds, epsilon, rng=rng)
         model = KMeans(3, n_init=10, random_state=seed).fit(noisy).cluster_centers_
-    ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=1e-5), accountant="basic")
+    ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=DELTA), accountant="basic")
     ledger.record("0", f"{algorithm}/centralized", (event,))
     return metric(algorithm, model, x_test, y_test), {"0": ledger.spent("0")}
 
@@ -117,12 +160,12 @@ def classifier(algorithm: str, epsilon: float, seed: int, x: np.ndarray, y: np.n
 
     if algorithm == "ann-iris":
         x_all, y_all = np.vstack([x, x_test]), np.concatenate([y, y_test])
-        accuracy, events = iris.cross_validate(x_all, y_all, epsilon, 1e-5, seed)
-        ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=1e-5))
+        accuracy, events = iris.cross_validate(x_all, y_all, epsilon, DELTA, seed)
+        ledger = PrivacyLedger(Budget(epsilon=epsilon * (1 + LATTICE_SLACK), delta=DELTA))
         for fold, event in enumerate(events):
             ledger.record("0", f"ann-iris/fold-{fold}", (event,))
         return accuracy, {"0": ledger.spent("0")}
-    ledger = PrivacyLedger(Budget(epsilon=epsilon * len(y_test) * (1 + LATTICE_SLACK), delta=1e-5),
+    ledger = PrivacyLedger(Budget(epsilon=epsilon * len(y_test) * (1 + LATTICE_SLACK), delta=DELTA),
                            accountant="basic")
     answers = iris.PerturbedOutputs(iris.train_nonprivate(x, y, seed), epsilon, ledger, rng=rng)
     predicted = np.array([answers.answer(record).argmax() for record in x_test])
@@ -136,12 +179,15 @@ def federated(algorithm: str, epsilon: float, seed: int, clients: int, iteration
     from flwr.simulation import run_simulation
 
     from clients.classic_app import app as client_app
+    from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
     from fedpriv.federation.policy import POLICY_ENV, policy_file_text
     from fedpriv.privacy import PrivacyLedger, make_accountant
-    from server.classic import federated_dplloyd, federated_linreg
+    from server import classic
     from simulations._ray import ray_cluster
 
+    dataset = ALGORITHMS[algorithm]
+    x_train, _, x_test, y_test = load(dataset, seed)
     outcome: dict[str, Any] = {}
     server_app = ServerApp()
 
@@ -149,36 +195,44 @@ def federated(algorithm: str, epsilon: float, seed: int, clients: int, iteration
     def main(grid: Grid, context: Context) -> None:
         bounds = stated_bounds(algorithm)
         if algorithm == "linreg":
-            outcome["model"], outcome["shares"] = federated_linreg(grid, ALGORITHMS[algorithm], seed, epsilon, bounds)
+            model, _ = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
+            outcome["metric"] = metric(algorithm, model, x_test, y_test)
+        elif algorithm == "kmeans-dplloyd":
+            model, _ = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
+            outcome["metric"] = metric(algorithm, model, x_test, y_test)
+        elif algorithm == "ann-iris":
+            model, _ = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
+            outcome["metric"] = iris.accuracy(model, x_test, y_test.astype(int))
         else:
-            outcome["model"], outcome["shares"] = federated_dplloyd(grid, ALGORITHMS[algorithm], seed, epsilon, 3,
-                                                                    bounds, iterations)
+            answers, _ = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
+            outcome["metric"] = float((answers.argmax(axis=1) == y_test).mean())
 
+    # pure-DP (Laplace) releases compose exactly under basic composition (RDP's conversion adds a little)
+    accountant = "rdp" if algorithm == "ann-iris" else "basic"
+    budget = epsilon * (len(y_test) if algorithm == "output-perturbation" else 1) * (1 + LATTICE_SLACK)
     with tempfile.TemporaryDirectory(prefix="fedpriv-classic-") as state:
         policy = Path(state) / "policy.toml"
-        # pure-DP releases compose exactly under basic composition (RDP's conversion adds a little)
-        policy.write_text(policy_file_text({"epsilon-budget": epsilon * (1 + LATTICE_SLACK), "randomness": "seeded",
-                                            "seed": seed, "state-dir": f"{state}/nodes/{{partition-id}}",
-                                            "accountant": "basic"}))
+        policy.write_text(policy_file_text({"epsilon-budget": budget, "randomness": "seeded", "seed": seed,
+                                            "state-dir": f"{state}/nodes/{{partition-id}}", "accountant": accountant,
+                                            "delta": DELTA}))
         with ray_cluster({}, {POLICY_ENV: str(policy)}):
             import os
 
             os.environ[POLICY_ENV] = str(policy)
             run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
                            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-        if "model" not in outcome:
+        if "metric" not in outcome:
             raise SystemExit("python -m simulations.classic: the ServerApp did not finish; see the log above")
         spent = {}
         for client in range(clients):
             path = Path(state) / "nodes" / str(client) / "ledger.json"
-            accountant = make_accountant("basic")
+            composed = make_accountant(accountant)
             if path.exists():
                 for events in PrivacyLedger.load(path).entries(str(client)).values():
                     for event in events:
-                        accountant.compose(event)
-            spent[str(client)] = accountant.epsilon(1e-5) if path.exists() else 0.0
-    _, _, x_test, y_test = load(ALGORITHMS[algorithm], seed)
-    return metric(algorithm, outcome["model"], x_test, y_test), spent
+                        composed.compose(event)
+            spent[str(client)] = composed.epsilon(DELTA) if path.exists() else 0.0
+    return outcome["metric"], spent
 
 
 def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iterations: int) -> dict[str, Any]:
@@ -191,15 +245,20 @@ def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iteratio
             "metric_name": {"linreg": "test_mse", **dict.fromkeys(CLASSIFIERS, "test_accuracy")}.get(
                 algorithm, "clustering_accuracy"), "metric": value,
             "nonprivate_metric": nonprivate(algorithm, seed),
-            "diffprivlib_metric": None,  # diffprivlib 0.6.6 does not import with scikit-learn >= 1.6
+            "diffprivlib_metric": diffprivlib_metric(algorithm, epsilon, seed),
             "client_epsilon": spent}
 
 
 def sweep(algorithm: str, iterations: int, out: Path | None) -> dict[str, Any]:
     """Every ε of SWEEP over 5 seeds, centralized; a PNG beside ``out``."""
     points = [run(algorithm, epsilon, seed, None, iterations) for epsilon in SWEEP for seed in range(5)]
-    summary = {"algorithm": algorithm, "points": points,
-               "mean": {str(e): float(np.mean([p["metric"] for p in points if p["epsilon"] == e])) for e in SWEEP},
+
+    def mean(key: str, e: float) -> float | None:
+        values = [p[key] for p in points if p["epsilon"] == e and p[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    summary = {"algorithm": algorithm, "points": points, "mean": {str(e): mean("metric", e) for e in SWEEP},
+               "diffprivlib_mean": {str(e): mean("diffprivlib_metric", e) for e in SWEEP},
                "nonprivate_metric": float(np.mean([p["nonprivate_metric"] for p in points]))}
     if out is not None:
         import matplotlib
@@ -208,9 +267,13 @@ def sweep(algorithm: str, iterations: int, out: Path | None) -> dict[str, Any]:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot(SWEEP, [summary["mean"][str(e)] for e in SWEEP], "o-", label=f"{algorithm} (mean of 5 seeds)")
+        ax.plot(SWEEP, [summary["mean"][str(e)] for e in SWEEP], "o-", label=f"fedpriv {algorithm} (mean of 5 seeds)")
+        if summary["diffprivlib_mean"][str(SWEEP[0])] is not None:
+            ax.plot(SWEEP, [summary["diffprivlib_mean"][str(e)] for e in SWEEP], "s:", label="diffprivlib")
         ax.axhline(summary["nonprivate_metric"], color="k", ls="--", label="non-private")
         ax.set_xscale("log")
+        if algorithm == "linreg":  # diffprivlib's regression errs by orders of magnitude
+            ax.set_yscale("log")
         ax.set_xlabel("ε")
         ax.set_ylabel(points[0]["metric_name"].replace("_", " "))
         ax.legend()

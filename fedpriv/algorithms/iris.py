@@ -23,10 +23,11 @@ from torch import nn
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.mechanisms import epsilon_of, laplace_mechanism
 from fedpriv.privacy import PrivacyLedger, calibrate_noise_multiplier
-from fedpriv.privacy.events import DpEvent, LaplaceEvent
+from fedpriv.privacy.events import DpEvent, LaplaceEvent, SelfComposedEvent
 
 BOX = (0.0, 8.0)
 FOLDS = 5
+NUM_FEATURES = 4
 SENSITIVITY = 2.0
 """L1 diameter of the probability simplex: the most any answer can change."""
 
@@ -39,19 +40,24 @@ def scale(x: np.ndarray) -> torch.Tensor:
 
 def network(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(NUM_FEATURES, 16), nn.ReLU(), nn.Linear(16, 3))
 
 
-def train(x: np.ndarray, y: np.ndarray, *, noise_multiplier: float, sample_rate: float, steps: int,
-          max_grad_norm: float, lr: float, seed: int) -> tuple[nn.Module, tuple[DpEvent, ...]]:
-    """One DP-SGD training (seeded lots and noise: a simulation); the model and its events."""
-    model = network(seed)
-    config = DPSGDConfig(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sample_rate=sample_rate)
-    sampling, noise = torch.Generator().manual_seed(2 * seed), torch.Generator().manual_seed(2 * seed + 1)
+NUM_PARAMETERS = sum(p.numel() for p in network(0).parameters())
+
+
+def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, noise_multiplier: float, sample_rate: float,
+          steps: int, max_grad_norm: float, lr: float, seeds: tuple[int, int] | None,
+          expected_lot_size: float | None = None) -> tuple[DpEvent, ...]:
+    """DP-SGD steps on ``model``; its events. ``seeds`` (sampling, noise) seed the lots and
+    the noise, two generators (a simulation); ``None``: both from the OS CSPRNG."""
+    config = DPSGDConfig(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sample_rate=sample_rate,
+                         secure_mode=seeds is None)
+    sampling, noise = (None, None) if seeds is None else (torch.Generator().manual_seed(s) for s in seeds)
     report = train_dpsgd(model, scale(x), torch.as_tensor(y, dtype=torch.long), config=config, steps=steps,
                          optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                         sampling_generator=sampling, noise_generator=noise)
-    return model, report.events
+                         sampling_generator=sampling, noise_generator=noise, expected_lot_size=expected_lot_size)
+    return report.events
 
 
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
@@ -74,8 +80,9 @@ def cross_validate(x: np.ndarray, y: np.ndarray, epsilon: float, delta: float, s
     scores, events = [], []
     for i, test in enumerate(folds):
         rest = np.concatenate([f for j, f in enumerate(folds) if j != i])
-        model, spent = train(x[rest], y[rest], noise_multiplier=sigma, sample_rate=sample_rate, steps=steps,
-                             max_grad_norm=max_grad_norm, lr=lr, seed=seed * FOLDS + i)
+        model = network(seed * FOLDS + i)
+        spent = train(model, x[rest], y[rest], noise_multiplier=sigma, sample_rate=sample_rate, steps=steps,
+                      max_grad_norm=max_grad_norm, lr=lr, seeds=(2 * (seed * FOLDS + i), 2 * (seed * FOLDS + i) + 1))
         scores.append(accuracy(model, x[test], y[test]))
         events.extend(spent)
     return float(np.mean(scores)), tuple(events)
@@ -89,18 +96,31 @@ class PerturbedOutputs:
     def __init__(self, model: nn.Module, epsilon_per_answer: float, ledger: PrivacyLedger, client: str = "0",
                  rng: np.random.Generator | None = None) -> None:
         self.model, self.ledger, self.client, self.rng = model, ledger, client, rng
-        self.scale = SENSITIVITY / epsilon_per_answer
-        self.event = LaplaceEvent(1.0 / epsilon_of(3, SENSITIVITY, self.scale))
+        self.epsilon_per_answer = epsilon_per_answer
+        self.event = answer_event(epsilon_per_answer)
         self.answered = 0
 
     def answer(self, features: np.ndarray) -> np.ndarray:
         """The noisy probability vector for one record's measurements."""
         self.ledger.record(self.client, f"answer-{self.answered}", (self.event,))  # raises past the budget
         self.answered += 1
-        with torch.no_grad():
-            probabilities = torch.softmax(self.model(scale(features[None, :])), dim=1).numpy()[0]
-        return laplace_mechanism(probabilities, sensitivity=SENSITIVITY, scale=self.scale, bounds=(0.0, 1.0),
-                                 rng=self.rng).values
+        return noisy_answers(self.model, features[None, :], self.epsilon_per_answer, self.rng)[0][0]
+
+
+def answer_event(epsilon_per_answer: float) -> LaplaceEvent:
+    """What one answer costs (ε, plus the lattice's rounding: see ``fedpriv.mechanisms``)."""
+    return LaplaceEvent(1.0 / epsilon_of(3, SENSITIVITY, SENSITIVITY / epsilon_per_answer))
+
+
+def noisy_answers(model: nn.Module, queries: np.ndarray, epsilon_per_answer: float,
+                  rng: np.random.Generator | None = None) -> tuple[np.ndarray, DpEvent]:
+    """Each query's softmax plus Laplace(2/ε) noise, and the event of answering them all
+    (one ``answer_event`` per query: answers compose)."""
+    with torch.no_grad():
+        probabilities = torch.softmax(model(scale(queries)), dim=1).numpy()
+    answers = [laplace_mechanism(p, sensitivity=SENSITIVITY, scale=SENSITIVITY / epsilon_per_answer,
+                                 bounds=(0.0, 1.0), rng=rng).values for p in probabilities]
+    return np.array(answers), SelfComposedEvent(answer_event(epsilon_per_answer), len(queries))
 
 
 def train_nonprivate(x: np.ndarray, y: np.ndarray, seed: int = 0, epochs: int = 300) -> nn.Module:

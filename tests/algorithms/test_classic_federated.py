@@ -88,3 +88,43 @@ def test_a_replayed_release_is_refused_and_a_bad_share_dropped(tmp_path, monkeyp
     monkeypatch.setattr("server.classic.secrets.token_hex", lambda n: "b" * (2 * n))
     _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
     assert list(shares.refused) == ["1"] and list(shares.events) == ["0"]
+
+
+def test_federated_ann_books_each_round_and_composes_to_epsilon_under_dp_accounting(tmp_path):
+    import dp_accounting
+
+    from fedpriv.algorithms import iris
+    from fedpriv.privacy.events import to_dp_accounting
+    from server.classic import AnnPlan, federated_ann
+
+    grid = _grid(tmp_path, 3, budget=10.0)
+    model, shares = federated_ann(grid, "iris", 0, 10.0, 1e-5, share_size=40)
+    rounds = AnnPlan().rounds
+    assert not shares.refused and all(len(events) == rounds for events in shares.events.values())
+    for client in range(3):
+        booked = PrivacyLedger.load(tmp_path / f"node{client}" / "ledger.json").entries(str(client))
+        assert len(booked) == rounds
+        reference = dp_accounting.rdp.RdpAccountant()  # dp-accounting's own orders, not fedpriv's
+        for events in booked.values():
+            for event in events:
+                reference.compose(to_dp_accounting(event))
+        assert 9.5 < reference.get_epsilon(1e-5) <= 10.0 * 1.01
+    _, _, x_test, y_test = load("iris", 0)
+    assert iris.accuracy(model, x_test, y_test.astype(int)) > 0.7
+    # the budget is spent: a further round is refused by every node, and nothing is booked
+    _, again = federated_ann(grid, "iris", 0, 10.0, 1e-5, share_size=40, plan=AnnPlan(rounds=1))
+    assert len(again.refused) == 3 and all("exceed its budget" in r for r in again.refused.values())
+
+
+def test_federated_output_perturbation_books_every_answer_and_refuses_past_the_budget(tmp_path):
+    from server.classic import federated_answers
+
+    grid = _grid(tmp_path, 2, budget=300.0)
+    _, _, x_test, y_test = load("iris", 0)
+    answers, shares = federated_answers(grid, "iris", 0, 10.0, x_test)
+    assert answers.shape == (30, 3) and not shares.refused
+    assert (answers.argmax(axis=1) == y_test.astype(int)).mean() > 0.8
+    for client in range(2):
+        assert _spent(tmp_path, client) == (1, pytest.approx(30 * 10.0, rel=1e-6))  # ε per answer, 30 answers
+    _, shares = federated_answers(grid, "iris", 0, 10.0, x_test[:1])
+    assert len(shares.refused) == 2  # one more answer would pass 300
