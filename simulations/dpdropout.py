@@ -71,6 +71,8 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
                 parser.error(f"{flag} does not go with --table (it runs ε = 10, 1, 0.5, centralized, sound σ)")
     elif args.epsilon is None:
         parser.error("argument --epsilon is required (or --table)")
+    if args.clients and args.dataset != "digits":
+        parser.error("argument --clients: the federated run is on digits only")
     if args.dropout is not None:
         if args.dropout >= 1:
             parser.error(f"argument --dropout: must be < 1, got {args.dropout:g}")
@@ -139,6 +141,65 @@ def centralized(args: argparse.Namespace, method: str, epsilon: float, seed: int
     ledger.record("0", f"dpdropout/{method}", events)
     return result(args, method, epsilon, sigma, dpdropout.accuracy(model, x_test, y_test), settings, seconds,
                   {"0": ledger.spent("0")}, seed, **paper)
+
+
+def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """FedAvg of local training across ``--clients`` nodes in Flower's simulation engine
+    (``clients.classic_app``'s ``dpdropout`` release, ``server.classic.federated_dpdropout``):
+    one local epoch per round, rounds = epochs, every node at the centralized q; each node
+    books every round in its own durable ledger before reading its data, and its ε is read
+    back from that ledger."""
+    import dataclasses
+    import os
+    import tempfile
+
+    import torch
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from clients.classic_app import app as client_app
+    from fedpriv.algorithms import dpdropout
+    from fedpriv.algorithms.datasets import load as load_split
+    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+    from fedpriv.privacy import PrivacyLedger
+    from server.classic import federated_dpdropout
+    from simulations._ray import ray_cluster
+
+    _, y, x_test, y_test = load_split(args.dataset, args.seed)
+    share_size = len(y) / args.clients  # public: an IID split of a data set of public size
+    base = settings_for(args, method)
+    settings = dataclasses.replace(base, fixed_sample_rate=base.sample_rate(len(y)))
+    sigma, paper = noise_multiplier(args, settings, args.epsilon, len(y))
+    outcome: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        outcome["model"], outcome["shares"] = federated_dpdropout(grid, args.dataset, args.seed, settings, sigma,
+                                                                  share_size)
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fedpriv-dpdropout-") as state:
+        policy = Path(state) / "policy.toml"
+        policy.write_text(policy_file_text({
+            "epsilon-budget": paper.get("sound_epsilon", args.epsilon) * (1 + 1e-9), "delta": args.delta,
+            "accountant": args.accountant, "randomness": "seeded", "seed": args.seed,
+            "state-dir": f"{state}/nodes/{{partition-id}}"}))
+        with ray_cluster({}, {POLICY_ENV: str(policy)}):
+            os.environ[POLICY_ENV] = str(policy)
+            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
+                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        if "model" not in outcome:
+            raise SystemExit(f"{PROG}: the ServerApp did not finish; see the log above")
+        spent = {}
+        for client in range(args.clients):
+            path = Path(state) / "nodes" / str(client) / "ledger.json"
+            spent[str(client)] = PrivacyLedger.load(path).spent_at(str(client), args.delta) if path.exists() else 0.0
+    accuracy = dpdropout.accuracy(outcome["model"], dpdropout.digits_features(x_test),
+                                  torch.as_tensor(y_test, dtype=torch.long))
+    return result(args, method, args.epsilon, sigma, accuracy, settings, time.perf_counter() - start, spent,
+                  args.seed, refused=outcome["shares"].refused, **paper)
 
 
 def result(args: argparse.Namespace, method: str, epsilon: float, sigma: float, accuracy: float, settings: Any,
@@ -212,11 +273,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     method = args.method or "dpd"
     try:
         if args.clients:
-            from simulations._dpdropout_federated import federated
-
             outcome = federated(args, method)
         else:
-            outcome = centralized(args, method, args.epsilon, args.seed, log_every=max(1, settings_for(args, method).epochs // 10))
+            outcome = centralized(args, method, args.epsilon, args.seed,
+                                  log_every=max(1, settings_for(args, method).epochs // 10))
     except ValueError as err:  # e.g. a target ε out of the accountant's reach
         parser.error(str(err))
     text = json.dumps(outcome)

@@ -215,3 +215,50 @@ def test_the_table_has_every_method_beside_the_paper(tmp_path):
     assert "| **sgld** (fedpriv) |" in text and "| DPD-zCDP (paper) | 0.9518 | 0.9367 | 0.9125 |" in text
     row = next(line for line in text.splitlines() if line.startswith("| **sgld**"))
     assert row.count(" ± ") == 3
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_federated_dpd_books_every_round_in_each_node_and_stops_at_the_budget(tmp_path):
+    from dataclasses import replace
+
+    from clients.classic_app import app
+    from fedpriv.algorithms.datasets import load
+    from fedpriv.privacy import PrivacyLedger
+    from fedpriv.privacy.events import to_dp_accounting
+    from server.classic import federated_dpdropout
+    from tests.flower.inprocess import InProcessGrid, node_config
+
+    nodes = {i: node_config(i, 3, tmp_path, **{"epsilon-budget": 4.0, "delta": 1e-4, "randomness": "seeded",
+                                                "seed": 1}) for i in range(3)}
+    grid = InProcessGrid({}, nodes, client_app=app)
+    settings_ = Settings("dpd", hidden=32, max_grad_norm=0.5, lot_size=1, epochs=3, lr=16.0, dropout=0.05,
+                         fixed_sample_rate=0.5)
+    sigma = dpdropout.calibrate(settings_, 4.0, 1e-4, 1)
+    model, shares = federated_dpdropout(grid, "digits", 0, settings_, sigma, share_size=479)
+    assert not shares.refused and all(len(events) == 3 for events in shares.events.values())
+    for client in range(3):
+        booked = PrivacyLedger.load(tmp_path / f"node{client}" / "ledger.json").entries(str(client))
+        assert len(booked) == 3
+        reference = dp_accounting.rdp.RdpAccountant()  # dp-accounting's own orders
+        for events in booked.values():
+            for event in events:
+                reference.compose(to_dp_accounting(event))
+        assert 3.8 < reference.get_epsilon(1e-4) <= 4.0 * 1.01
+    _, _, x_test, y_test = load("digits", 0)
+    assert dpdropout.accuracy(model, dpdropout.digits_features(x_test), torch.as_tensor(y_test).long()) > 0.5
+    _, again = federated_dpdropout(grid, "digits", 0, replace(settings_, epochs=1), sigma, share_size=479)
+    assert len(again.refused) == 3 and all("exceed its budget" in r for r in again.refused.values())
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_refuses_a_malformed_dpd_request_before_booking(tmp_path):
+    from clients.classic_app import app
+    from server.classic import federated_dpdropout
+    from tests.flower.inprocess import InProcessGrid, node_config
+
+    grid = InProcessGrid({}, {0: node_config(0, 1, tmp_path, **{"epsilon-budget": 4.0, "randomness": "seeded",
+                                                                "seed": 1})}, client_app=app)
+    settings_ = Settings("dpd", hidden=8, max_grad_norm=0.5, lot_size=1, epochs=1, lr=1.0, fixed_sample_rate=0.5)
+    _, shares = federated_dpdropout(grid, "iris", 0, settings_, 2.0, share_size=100)
+    assert len(shares.refused) == 1 and "digits" in next(iter(shares.refused.values()))
+    assert not (tmp_path / "node0" / "ledger.json").exists()
