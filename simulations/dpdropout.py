@@ -1,4 +1,5 @@
-"""DP dropout and its baselines (Ermiş & Cemgil): ``python -m simulations.dpdropout --dataset digits --method dpd --epsilon 1``.
+"""DP dropout and its baselines (Ermiş & Cemgil):
+``python -m simulations.dpdropout --dataset digits --method dpd --epsilon 1``.
 
 Trains the paper's one-hidden-layer network with ``dpd`` (Gaussian dropout, per-layer
 clipping, η0/t), ``sgld`` (the same without dropout) or ``dpsgd`` (Abadi et al.), with σ
@@ -112,7 +113,8 @@ def noise_multiplier(args: argparse.Namespace, settings: Any, epsilon: float, nu
         sigma = paper.paper_ac_sigma(epsilon, q, steps, args.delta, args.delta / 2)
     sound = epsilon_of(dpsgd_event(sigma, q, steps), args.delta, args.accountant)
     print(f"{PROG}: σ = {sigma:.4g} is the paper's DPD-{args.paper_recipe} analysis for ε = {epsilon:g} — not a "
-          f"guarantee; the sound ({args.accountant}) ε of this σ is {sound:.4g} at δ = {args.delta:g}", file=sys.stderr)
+          f"guarantee; the sound ({args.accountant}) ε of this σ is {sound:.4g} at δ = {args.delta:g}",
+          file=sys.stderr)
     return sigma, {"paper_recipe": f"DPD-{args.paper_recipe} (the paper's analysis, not a guarantee)",
                    "sound_epsilon": sound}
 
@@ -239,9 +241,10 @@ def markdown(args: argparse.Namespace, methods: list[str], runs: list[dict[str, 
     for method in methods:
         cells, sigmas = [], []
         for epsilon in TABLE_EPSILONS:
-            acc = [r["accuracy"] for r in runs if r["method"] == method and r["epsilon"] == epsilon]
+            cell = [r for r in runs if r["method"] == method and r["epsilon"] == epsilon]
+            acc = [r["accuracy"] for r in cell]
             cells.append(f"{statistics.mean(acc):.4f} ± {statistics.stdev(acc):.4f}")
-            sigmas.append(next(r["noise_multiplier"] for r in runs if r["method"] == method and r["epsilon"] == epsilon))
+            sigmas.append(cell[0]["noise_multiplier"])
         first = next(r for r in runs if r["method"] == method)
         lines.append(f"| **{method}** (fedpriv) | " + " | ".join(cells) + f" | {' / '.join(f'{s:g}' for s in sigmas)} "
                      f"| {first['epochs']} | {first['lot_size']} | {first['max_grad_norm']:g} | {first['lr']:g} |")

@@ -155,7 +155,7 @@ class GaussianDropout(nn.Module):
 
 
 def network(in_features: int, settings_: Settings, seed: int) -> nn.Sequential:
-    """The one-hidden-layer network, initialised from ``seed``; dpd's dropout seeded from it too."""
+    """The one-hidden-layer network, initialised from ``seed`` (``train`` seeds dpd's dropout)."""
     torch.manual_seed(derive_seed(seed, "model"))
     layers: list[nn.Module] = [nn.Flatten(), nn.Linear(in_features, settings_.hidden), nn.ReLU()]
     if settings_.dropout:
@@ -181,12 +181,12 @@ def train(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, settin
         "sampling_generator": generator(seed, "dpdropout", "sampling"),
         "noise_generator": generator(seed, "dpdropout", "noise"),
     }
-    dropout_seed = derive_seed(seed, "dpdropout", "dropout") if seed is not None else int.from_bytes(os.urandom(8), "big")
+    dropout_seed = int.from_bytes(os.urandom(8), "big") if seed is None else derive_seed(seed, "dpdropout", "dropout")
     for module in model.modules():
         if isinstance(module, GaussianDropout):
             module.generator = torch.Generator(device=features.device).manual_seed(dropout_seed)
     events: list[DpEvent] = []
-    for epoch in epochs or range(1, settings_.epochs + 1):
+    for epoch in range(1, settings_.epochs + 1) if epochs is None else epochs:
         optimizer = torch.optim.SGD(model.parameters(), lr=settings_.learning_rate(epoch))
         report = train_dpsgd(model, features, labels, config=config, steps=steps_per_epoch(config.sample_rate),
                              optimizer=optimizer, expected_lot_size=expected_lot_size, **streams)
