@@ -30,12 +30,19 @@ def test_centralized_json(algorithm, name, spent, tmp_path):
     result = _run(algorithm, "--epsilon", "0.5", "--out", str(out))
     assert set(result) == KEYS and json.loads(out.read_text()) == result
     assert result["metric_name"] == name and result["clients"] == 1
+    # diffprivlib has a model of this kind for the regression and k-means, none for the networks
+    assert isinstance(result["diffprivlib_metric"], float) == (algorithm in ("linreg", "kmeans-dplloyd", "kmeans-input"))
     assert 0.97 * spent <= result["client_epsilon"]["0"] <= spent * (1 + 1e-6)  # RDP calibration may land under
 
 
 @pytest.mark.slow
-def test_federated_linreg_across_two_flower_clients():
-    result = _run("linreg", "--epsilon", "2", "--clients", "2")
+@pytest.mark.parametrize("algorithm, spent", [("linreg", 2.0), ("ann-iris", 2.0)])
+def test_federated_across_two_flower_clients(algorithm, spent):
+    result = _run(algorithm, "--epsilon", "2", "--clients", "2")
     assert result["clients"] == 2 and sorted(result["client_epsilon"]) == ["0", "1"]
-    assert all(eps == pytest.approx(2.0, rel=1e-6) for eps in result["client_epsilon"].values())
-    assert 0 < result["metric"] < 3 * result["nonprivate_metric"]
+    # each node's own ledger: Laplace releases compose exactly; DP-SGD's σ is calibrated to land at or under ε
+    assert all(0.97 * spent <= eps <= spent * (1 + 1e-6) for eps in result["client_epsilon"].values())
+    if algorithm == "linreg":
+        assert 0 < result["metric"] < 3 * result["nonprivate_metric"]
+    else:  # chance is 1/3
+        assert result["metric"] > 0.4
