@@ -271,3 +271,12 @@ def test_a_node_refuses_a_malformed_dpd_request_before_booking(tmp_path):
     _, shares = federated_dpdropout(grid, "iris", 0, settings_, 2.0, share_size=100)
     assert len(shares.refused) == 1 and "digits" in next(iter(shares.refused.values()))
     assert not (tmp_path / "node0" / "ledger.json").exists()
+
+
+def test_unseeded_training_draws_lots_and_noise_from_the_os():
+    settings_ = small("dpd", lot_size=4)
+    x, y = torch.randn(8, FEATURES), torch.randint(0, 10, (8,))
+    models = [network(FEATURES, settings_, 0) for _ in range(2)]
+    events = [train(model, x, y, settings_, 1.0, seed=None) for model in models]
+    assert events[0] == events[1] and len(events[0]) == 1
+    assert not torch.equal(models[0][1].weight, models[1][1].weight)  # two draws, not one seed
