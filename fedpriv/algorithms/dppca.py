@@ -1,0 +1,150 @@
+"""Differentially private PCA (Abadi et al. 2016, §4): a projection learnt from a noisy
+second-moment matrix, the input layer of their MNIST MLP.
+
+**Release.** A Poisson sample of the records (each kept with probability ``sample_rate``),
+each flattened and scaled to unit L2 norm (a zero record stays zero: norm ≤ 1 either way),
+and the d × d matrix A = Σ x xᵀ over the sample, released as A + G with G's d² entries
+i.i.d. N(0, σ²), then symmetrised: (A + G + (A + G)ᵀ)/2 = A + (G + Gᵀ)/2 (post-processing;
+the noise on the diagonal is N(0, σ²), off it N(0, σ²/2)). This is Abadi et al.'s own
+construction (their code adds noise to the flattened matrix, then symmetrises).
+
+**Sensitivity.** Adding or removing one record x moves A by x xᵀ, whose Frobenius norm
+(the L2 norm of the released d² entries) is ‖x‖² ≤ 1: ``SENSITIVITY = 1``, reached by every
+non-zero record. Had the noise been drawn on the upper triangle and mirrored, the release
+would be that triangle (sensitivity √(½(‖x‖⁴ + Σ x_i⁴)) ≤ 1, reached at a basis vector) with
+σ² off the diagonal: the same guarantee, twice the off-diagonal variance.
+
+**Cost.** ``GaussianEvent(σ)``, or ``PoissonSampledEvent(q, GaussianEvent(σ))`` when
+q < 1. The projection is the top ``dims`` eigenvectors of the noisy matrix
+(post-processing). Across nodes, each releases the noisy matrix of its own records and
+the server adds them: every node's noise is its own (σ each, the sum's √K·σ).
+
+Noise comes from a seeded ``torch.Generator`` (simulations; never the sampling one) or
+from the OS CSPRNG (``secure_mode``), through DP-SGD's own samplers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedpriv.dpsgd.noise import fill_gaussian_noise_
+from fedpriv.dpsgd.sampling import poisson_lot, secure_poisson_lot
+from fedpriv.privacy import GaussianEvent, PoissonSampledEvent, calibrate_noise_multiplier
+from fedpriv.privacy.events import DpEvent
+
+SENSITIVITY = 1.0
+"""L2 (Frobenius) sensitivity of Σ x xᵀ over unit-norm records, under add/remove of one."""
+
+
+@dataclass(frozen=True)
+class NoisyMoment:
+    """A released noisy second-moment matrix (symmetric, float64) and what it cost."""
+
+    matrix: torch.Tensor
+    event: DpEvent
+
+
+def _check_records(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        raise ValueError(f"records must be a tensor of shape (n, ...), got {getattr(x, 'shape', type(x))}")
+    flat = x.flatten(1).to(torch.float64)
+    if flat.shape[1] < 1:
+        raise ValueError("records must have at least one coordinate")
+    if not torch.isfinite(flat).all():
+        raise ValueError("records must be finite (NaN or ∞ found)")
+    return flat
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Records flattened (n × d, float64), each scaled to unit L2 norm; zero records stay zero.
+
+    Divided by its largest |entry| first, so that no norm under- or overflows (a subnormal
+    or a 1e300 record is scaled like any other)."""
+    flat = _check_records(x)
+    largest = flat.abs().amax(dim=1, keepdim=True)
+    flat = flat / torch.where(largest > 0, largest, 1.0)
+    norms = flat.norm(dim=1, keepdim=True)
+    return flat / torch.where(norms > 0, norms, 1.0)
+
+
+def second_moment(x: torch.Tensor) -> torch.Tensor:
+    """Σ x xᵀ over the unit-norm records: the statistic DP-PCA releases (d × d, float64)."""
+    rows = unit_rows(x)
+    return rows.T @ rows
+
+
+def pca_event(noise_multiplier: float, sample_rate: float = 1.0) -> DpEvent:
+    """The cost of one release: the Gaussian mechanism, on a Poisson sample when q < 1."""
+    if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    gaussian = GaussianEvent(float(noise_multiplier))
+    return gaussian if sample_rate == 1 else PoissonSampledEvent(float(sample_rate), gaussian)
+
+
+def calibrate_pca_noise(epsilon: float, delta: float, sample_rate: float = 1.0) -> float:
+    """Smallest σ (3 significant digits, rounded up) whose release alone costs ≤ ε at δ (RDP).
+
+    One Poisson-sampled step of DP-SGD is the same mechanism, so DP-SGD's calibration serves.
+    """
+    return calibrate_noise_multiplier(epsilon, delta, sample_rate, steps=1)
+
+
+def noisy_second_moment(
+    x: torch.Tensor,
+    noise_multiplier: float,
+    sample_rate: float = 1.0,
+    *,
+    sampling_generator: torch.Generator | None = None,
+    noise_generator: torch.Generator | None = None,
+    secure_mode: bool = False,
+) -> NoisyMoment:
+    """Release Σ x xᵀ over a Poisson sample of unit-norm records, plus symmetric Gaussian noise.
+
+    Generators (CPU): ``sampling_generator`` when q < 1, and ``noise_generator`` unless σ = 0; with
+    ``secure_mode`` neither (sample and noise from the OS CSPRNG; passing one is an error).
+    """
+    event = pca_event(noise_multiplier, sample_rate)  # validates σ and q
+    if secure_mode and (sampling_generator is not None or noise_generator is not None):
+        raise ValueError("secure_mode draws from the OS CSPRNG: pass no generators")
+    if not secure_mode and noise_generator is None and noise_multiplier != 0:
+        raise ValueError("a noise_generator is required unless secure_mode=True or noise_multiplier=0")
+    if not secure_mode and sample_rate < 1 and sampling_generator is None:
+        raise ValueError("a sampling_generator is required for sample_rate < 1 unless secure_mode=True")
+    if noise_generator is not None and noise_generator is sampling_generator:
+        raise ValueError("the noise must not share a generator with the sampling")
+    rows = _check_records(x)
+    if sample_rate < 1:
+        lot = (secure_poisson_lot(len(rows), sample_rate, "cpu") if secure_mode
+               else poisson_lot(len(rows), sample_rate, sampling_generator))
+        rows = rows[lot.to(rows.device)]
+    moment = second_moment(rows)
+    d = moment.shape[0]
+    noise = torch.empty(d * d, dtype=torch.float64)
+    fill_gaussian_noise_(noise, noise_multiplier * SENSITIVITY, noise_generator, secure_mode)
+    noise = noise.view(d, d).to(moment.device)
+    return NoisyMoment((moment + noise + (moment + noise).T) / 2, event)
+
+
+def principal_projection(moment: torch.Tensor, dims: int) -> torch.Tensor:
+    """The top-``dims`` eigenvectors of a symmetric matrix, as columns (d × dims, float32)."""
+    if moment.ndim != 2 or moment.shape[0] != moment.shape[1]:
+        raise ValueError(f"moment must be a square matrix, got shape {tuple(moment.shape)}")
+    if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= moment.shape[0]:
+        raise ValueError(f"dims must be an integer in [1, {moment.shape[0]}], got {dims!r}")
+    if not torch.isfinite(moment).all():
+        raise ValueError("moment must be finite (NaN or ∞ found)")
+    _, vectors = torch.linalg.eigh(moment.to(torch.float64))  # ascending eigenvalues
+    return vectors[:, -dims:].flip(1).to(torch.float32).contiguous()
+
+
+def project(x: torch.Tensor, projection: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """The model's inputs: unit-norm records times the projection, times ``scale`` (float32)."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and > 0, got {scale!r}")
+    rows = unit_rows(x)
+    if rows.shape[1] != projection.shape[0]:
+        raise ValueError(f"records have {rows.shape[1]} coordinates, the projection {projection.shape[0]}")
+    return (rows.to(torch.float32) @ projection.to(rows.device)) * scale
