@@ -1,0 +1,254 @@
+"""DP-PCA + MLP on MNIST (Abadi et al. 2016): ``python -m simulations.dppca --epsilon 2 --out dppca.json``.
+
+A noisy second-moment matrix of the unit-norm training images (``fedpriv.algorithms.dppca``)
+gives a ``--dims``-dimensional projection, the input layer of a ``--dims`` → 1000 → 10 MLP
+trained with DP-SGD. Both spend from one budget: the PCA's event (σ_p calibrated so that it
+alone costs ``--pca-share`` × ε, or ``--pca-noise-multiplier`` as in the paper) is composed
+(RDP) with the DP-SGD events, whose σ is calibrated for the rest; every ε reported is read
+from a ledger holding both. With ``--clients K`` it runs across K Flower nodes (Flower's
+simulation engine): each node books its release in its durable ledger and sends its noisy
+matrix, the server adds them and builds the projection; the MLP is then trained centrally on
+the pooled training set (federated DP-SGD of the MLP is not done), and each client's ε
+composes its node's ledger entries with the training's. Prints (and writes to ``--out``) one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from simulations._cli import Parser, at_least, delta, positive, probability
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedpriv.privacy import PrivacyLedger
+    from fedpriv.privacy.events import DpEvent
+    from fedpriv.training import TrainingPlan
+
+PROG = "python -m simulations.dppca"
+INPUT_SCALE = 10.0
+"""Projected unit-norm images have norm ≤ 1; ×10 (a public constant) brings them near the
+norm of an MNIST image in [0, 1] pixels, which the MLP's default LR and init suit (×1 trained
+to 94 % without noise in 15 epochs, ×10 to 98 %)."""
+PCA_ENTRY, TRAIN_ENTRY = "dppca/projection", "dppca/train/epoch-{}"
+
+
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--epsilon", type=positive, required=True, help="ε of the whole run (PCA and training), per record")
+    p.add_argument("--delta", type=delta, default=1e-5, help="(default: 1e-5)")
+    p.add_argument("--clients", type=at_least(1), help="run across K Flower nodes (default: centralized)")
+    split = p.add_mutually_exclusive_group()
+    split.add_argument("--pca-share", type=share, default=0.15,
+                       help="fraction of ε the PCA's event may cost alone (default: 0.15)")
+    split.add_argument("--pca-noise-multiplier", type=positive, help="fixed σ_p instead (the paper: 4, 7 or 16)")
+    p.add_argument("--pca-sample-rate", type=probability, default=1.0,
+                   help="Poisson rate of the PCA's sample (default: 1, the best signal per ε)")
+    p.add_argument("--dims", type=at_least(1), default=60, help="projection dimension (default: 60)")
+    p.add_argument("--epochs", type=at_least(1), default=30, help="DP-SGD epochs, or rounds with --clients (default: 30)")
+    p.add_argument("--lot-size", type=at_least(1), default=600, help="expected Poisson lot size (default: 600)")
+    p.add_argument("--max-grad-norm", type=positive, default=1.0, help="clipping norm C (default: 1)")
+    p.add_argument("--lr", type=positive, default=0.2,
+                   help="SGD learning rate (momentum 0.9), decayed by a half cosine over the epochs (default: 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="model init, sample, lots and noise (default: 0)")
+    p.add_argument("--data-dir", help="root folder of the data sets (default: ~/.cache/fedpriv)")
+    p.add_argument("--download", action="store_true", help="download MNIST if it is missing")
+    p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples")
+    p.add_argument("--out", type=Path, help="also write the JSON result to this file")
+    return p
+
+
+def share(text: str) -> float:
+    """A fraction in (0, 1): the PCA may not take the whole budget."""
+    value = probability(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def pca_noise(args: argparse.Namespace) -> float:
+    """σ_p: as given, or the smallest whose release alone costs ≤ share × ε."""
+    from fedpriv.algorithms.dppca import calibrate_pca_noise
+
+    if args.pca_noise_multiplier is not None:
+        return args.pca_noise_multiplier
+    return calibrate_pca_noise(args.pca_share * args.epsilon, args.delta, args.pca_sample_rate)
+
+
+def training_plan(args: argparse.Namespace, num_examples: int, prior: DpEvent) -> TrainingPlan:
+    """The MLP's DP-SGD plan, σ calibrated so that ``prior`` and ``--epochs`` epochs compose to ≤ ε."""
+    from fedpriv.training import TrainingPlan, calibrate_plan
+
+    plan = TrainingPlan(model="mlp", lot_size=args.lot_size, max_grad_norm=args.max_grad_norm, noise_multiplier=1.0,
+                        lr=args.lr, lr_schedule="cosine", lr_decay_rounds=args.epochs)
+    return calibrate_plan(plan, args.epsilon, args.delta, num_examples, args.epochs, prior_events=(prior,))
+
+
+def progress(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def centralized(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
+                ) -> tuple[float, PrivacyLedger, TrainingPlan]:
+    """(test accuracy, the ledger, the plan) of one run on the whole training set."""
+    from fedpriv.algorithms import dppca
+    from fedpriv.privacy import Budget, PrivacyLedger
+    from fedpriv.seeding import generator
+
+    event = dppca.pca_event(sigma_p, args.pca_sample_rate)
+    plan = training_plan(args, len(train.labels), event)
+    ledger = PrivacyLedger(Budget(epsilon=args.epsilon, delta=args.delta))
+    ledger.record("0", PCA_ENTRY, (event,))  # booked before the data is read
+    start = time.perf_counter()
+    release = dppca.noisy_second_moment(train.features, sigma_p, args.pca_sample_rate,
+                                        sampling_generator=generator(args.seed, "dppca", "sample"),
+                                        noise_generator=generator(args.seed, "dppca", "noise"))
+    projection = dppca.principal_projection(release.matrix, args.dims)
+    progress(f"projection to {args.dims} dimensions (σ_p = {sigma_p:g}) in {time.perf_counter() - start:.1f} s")
+    return train_mlp(args, plan, projection, train, test, ledger), ledger, plan
+
+
+def federated(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
+              ) -> tuple[float, PrivacyLedger, TrainingPlan]:
+    """The projection from K simulated Flower nodes' noisy matrices (each booked in the node's
+    durable ledger), then the MLP trained centrally; per client, the node's ledger entries and
+    the training's in one ledger."""
+    import os
+    import tempfile
+
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from clients.classic_app import app as client_app
+    from fedpriv.algorithms import dppca
+    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+    from fedpriv.privacy import Budget, PrivacyLedger
+    from server import classic
+    from simulations._ray import ray_cluster
+
+    outcome: dict[str, Any] = {}
+    server_app = ServerApp()
+    data_dir = None if args.data_dir is None else str(Path(args.data_dir).resolve())  # Ray workers' cwd differs
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        while len(grid.get_node_ids()) < args.clients:  # Flower's engine registers its nodes while this runs
+            time.sleep(0.5)
+        outcome["projection"], _ = classic.federated_dppca(grid, args.seed, sigma_p, args.pca_sample_rate, args.dims,
+                                                           train.features[0].numel(), data_dir, args.limit_train)
+
+    ledger = PrivacyLedger(Budget(epsilon=args.epsilon, delta=args.delta))
+    with tempfile.TemporaryDirectory(prefix="fedpriv-dppca-") as state:
+        policy = Path(state) / "policy.toml"
+        policy.write_text(policy_file_text({"epsilon-budget": args.epsilon, "delta": args.delta, "randomness": "seeded",
+                                            "seed": args.seed, "state-dir": f"{state}/nodes/{{partition-id}}"}))
+        start = time.perf_counter()
+        with ray_cluster({}, {POLICY_ENV: str(policy)}):
+            os.environ[POLICY_ENV] = str(policy)
+            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
+                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        if "projection" not in outcome:
+            raise SystemExit(f"{PROG}: the ServerApp did not finish; see the log above")
+        for client in map(str, range(args.clients)):
+            path = Path(state) / "nodes" / client / "ledger.json"
+            for entry, events in (PrivacyLedger.load(path).entries(client) if path.exists() else {}).items():
+                ledger.record(client, entry, events)
+    progress(f"projection from {args.clients} nodes (σ_p = {sigma_p:g} each) in {time.perf_counter() - start:.1f} s")
+    plan = training_plan(args, len(train.labels), dppca.pca_event(sigma_p, args.pca_sample_rate))
+    return train_mlp(args, plan, outcome["projection"], train, test, ledger), ledger, plan
+
+
+def train_mlp(args: argparse.Namespace, plan: TrainingPlan, projection: torch.Tensor, train: Any, test: Any,
+              ledger: PrivacyLedger) -> float:
+    """DP-SGD of the MLP on the projected images, each epoch booked for every client of
+    ``ledger`` first (every record is in the training); the test accuracy."""
+    from fedpriv.algorithms import dppca
+    from fedpriv.models import build_model
+    from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
+    from fedpriv.training import evaluate, train_round
+
+    x_train, x_test = (dppca.project(part.features, projection, INPUT_SCALE) for part in (train, test))
+    progress(f"DP-SGD σ = {plan.noise_multiplier:g} for {args.epochs} epochs")
+    model = build_model("mlp", args.seed, in_features=args.dims)
+    for epoch in range(1, args.epochs + 1):
+        for client in ledger.clients():  # raises past the budget
+            ledger.record(client, TRAIN_ENTRY.format(epoch), plan.round_events(len(train.labels)))
+        seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch)
+        report = train_round(model, x_train, train.labels, plan, seed, 0, epoch, "cpu")
+        if epoch % 5 == 0 or epoch == args.epochs:
+            progress(f"epoch {epoch}/{args.epochs}: loss {report.mean_loss:.3f}, "
+                     f"test accuracy {evaluate(model, x_test, test.labels)[1]:.4f}")
+    return evaluate(model, x_test, test.labels)[1]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One run as the JSON object the command prints."""
+    from fedpriv.algorithms.dppca import pca_event
+    from fedpriv.data import load_dataset
+    from fedpriv.privacy import epsilon_of, event_to_dict
+
+    start = time.perf_counter()
+    sigma_p = pca_noise(args)
+    train = load_dataset("mnist", args.data_dir, train=True, download=args.download, limit=args.limit_train)
+    test = load_dataset("mnist", args.data_dir, train=False, download=args.download)
+    accuracy, ledger, plan = (federated if args.clients else centralized)(args, sigma_p, train, test)
+    spent = {client: ledger.spent(client) for client in ledger.clients()}
+    num_examples = len(train.labels)
+    return {
+        "accuracy": accuracy,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "pca_epsilon": epsilon_of(pca_event(sigma_p, args.pca_sample_rate), args.delta),
+        "total_epsilon": max(spent.values()),
+        "client_epsilon": spent,
+        "clients": args.clients or 1,
+        "pca_noise_multiplier": sigma_p,
+        "pca_sample_rate": args.pca_sample_rate,
+        "dims": args.dims,
+        "noise_multiplier": plan.noise_multiplier,
+        "max_grad_norm": plan.max_grad_norm,
+        "sample_rate": plan.sample_rate(num_examples),
+        "lot_size": plan.lot_size,
+        "lr": plan.lr,
+        "epochs": args.epochs,
+        "steps": args.epochs * plan.steps_per_round(num_examples),
+        "num_examples": len(train.labels),
+        "seed": args.seed,
+        "seconds": round(time.perf_counter() - start, 1),
+        "ledger": {client: {entry: [event_to_dict(e) for e in events]
+                            for entry, events in ledger.entries(client).items()} for client in ledger.clients()},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from fedpriv.data import DatasetNotFoundError, check_available
+
+    try:  # every input checked before any data is loaded
+        check_available("mnist", args.data_dir, args.download)
+        pca_noise(args)
+    except (DatasetNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    try:
+        result = run(args)
+    except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a budget the PCA alone exhausts
+        parser.error(str(err))
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
