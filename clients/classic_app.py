@@ -23,8 +23,9 @@ from flwr.clientapp import ClientApp
 
 from clients.client_app import answer
 from clients.releases import book
-from fedpriv.algorithms import dpdropout, iris, kmeans, linreg
+from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.algorithms.datasets import LOADERS, client_share, load
+from fedpriv.data import check_available, load_dataset
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import Randomness, load_policy
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
@@ -221,6 +222,29 @@ def _dpdropout(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEv
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy(), event
 
 
+def _mnist_root(request: Request) -> str | None:
+    """The node's MNIST folder as the request names it ("" for the default); it must hold MNIST."""
+    root = str(request.config["data-dir"]) or None
+    check_available("mnist", root)
+    return root
+
+
+def _dppca_cost(request: Request) -> DpEvent:
+    _ = request.seed, _mnist_root(request), int(request.config["limit-train"])  # checked before anything is booked
+    return dppca.pca_event(request.number("noise-multiplier"), request.number("sample-rate"))
+
+
+def _dppca(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    """This node's noisy Σ x xᵀ of its unit-norm MNIST training images (an IID share)."""
+    train = load_dataset("mnist", _mnist_root(request), train=True, limit=int(request.config["limit-train"]) or None)
+    x, _ = client_share(train.features.numpy(), train.labels.numpy(), node.client, node.clients, request.seed)
+    generators = {} if rng is None else {name: torch.Generator().manual_seed(int(rng.integers(2**62)))
+                                         for name in ("sampling_generator", "noise_generator")}
+    release = dppca.noisy_second_moment(torch.from_numpy(x), request.number("noise-multiplier"),
+                                        request.number("sample-rate"), secure_mode=rng is None, **generators)
+    return release.matrix.numpy().ravel(), release.event
+
+
 RELEASES: dict[str, ReleaseKind] = {
     "linreg": ReleaseKind(_linreg_cost, _linreg),
     "kmeans-moments": ReleaseKind(_moments_cost, _moments),
@@ -228,6 +252,7 @@ RELEASES: dict[str, ReleaseKind] = {
     "ann-iris": ReleaseKind(_ann_cost, _ann),
     "output-perturbation": ReleaseKind(_answers_cost, _answers),
     "dpdropout": ReleaseKind(_dpdropout_cost, _dpdropout),
+    "dppca": ReleaseKind(_dppca_cost, _dppca),
 }
 
 

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from clients.classic_app import ARRAYS, CONFIG, VALUES, entry
-from fedpriv.algorithms import dpdropout, iris, kmeans, linreg
+from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.federation import protocol
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
@@ -168,3 +168,17 @@ def federated_dpdropout(grid: Grid, dataset: str, seed: int, settings: dpdropout
             torch.nn.utils.vector_to_parameters(torch.as_tensor(total / accepted, dtype=torch.float32),
                                                 model.parameters())
     return model, shares
+
+
+def federated_dppca(grid: Grid, seed: int, noise_multiplier: float, sample_rate: float, dims: int, features: int,
+                    data_dir: str | None = None, limit_train: int | None = None) -> tuple[torch.Tensor, Shares]:
+    """Abadi et al.'s DP-PCA across nodes: each releases its noisy Σ x xᵀ over its MNIST
+    share (``features`` coordinates); the top-``dims`` eigenvectors of their sum (K noises)."""
+    config = {"algorithm": "dppca", "seed": seed, "step": 0, "run-key": f"run-{secrets.token_hex(6)}",
+              "noise-multiplier": noise_multiplier, "sample-rate": sample_rate, "data-dir": data_dir or "",
+              "limit-train": limit_train or 0}
+    shares = Shares()
+    total, accepted = _ask(grid, config, {}, features * features, dppca.pca_event(noise_multiplier, sample_rate), shares)
+    if not accepted:
+        raise RuntimeError(f"no node released its matrix: {shares.refused}")
+    return dppca.principal_projection(torch.from_numpy(total.reshape(features, features)), dims), shares
