@@ -149,3 +149,63 @@ def test_at_a_small_sigma_the_projection_is_the_exact_principal_subspace():
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def _run_command(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simulations.dppca", *argv], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (("--epsilon", "0"), "--epsilon"),
+    (("--epsilon", "2", "--pca-share", "1"), "--pca-share"),
+    (("--epsilon", "2", "--pca-share", "0.1", "--pca-noise-multiplier", "7"), "--pca-noise-multiplier"),
+    (("--epsilon", "2", "--dims", "0"), "--dims"),
+    (("--epsilon", "2", "--data-dir", "{empty}"), "--data-dir"),
+])
+def test_the_command_refuses_bad_input_in_one_line(argv, flag, tmp_path):
+    done = _run_command(*(arg.replace("{empty}", str(tmp_path)) for arg in argv))
+    assert done.returncode == 2 and not done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and flag in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_command_books_the_pca_beside_the_training_and_reports_the_ledger(shared_data_dir, tmp_path):
+    from simulations import dppca as command
+
+    out = tmp_path / "dppca.json"
+    result = command.main(["--epsilon", "2", "--limit-train", "1200", "--epochs", "2", "--lot-size", "300",
+                           "--data-dir", str(shared_data_dir), "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    entries = result["ledger"]["0"]
+    assert entries["dppca/projection"] == [{"type": "gaussian", "noise_multiplier": result["pca_noise_multiplier"]}]
+    training = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        result["sample_rate"], dp_accounting.GaussianDpEvent(result["noise_multiplier"])), result["steps"])
+    pca = dp_accounting.GaussianDpEvent(result["pca_noise_multiplier"])
+    assert result["total_epsilon"] == pytest.approx(_dp_accounting_epsilon([pca, training], 1e-5), rel=1e-6)
+    assert result["total_epsilon"] <= 2.0
+    assert result["pca_epsilon"] == pytest.approx(_dp_accounting_epsilon([pca], 1e-5), rel=1e-6)
+    assert result["pca_epsilon"] <= 0.15 * 2.0 and len(entries) == 1 + 2 and 0.1 < result["accuracy"] <= 1
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_federated_nodes_book_their_release_first_and_refuse_past_their_budget(shared_data_dir, tmp_path):
+    from clients.classic_app import app
+    from server.classic import federated_dppca
+    from tests.flower.inprocess import InProcessGrid, node_config
+
+    def grid(budget: float, state):
+        nodes = {i: node_config(i, 2, state, **{"epsilon-budget": budget, "randomness": "seeded", "seed": 1})
+                 for i in range(2)}
+        return InProcessGrid({}, nodes, client_app=app)
+
+    rich = grid(2.0, tmp_path / "rich")
+    projection, shares = federated_dppca(rich, 0, 12.4, 1.0, 5, 784, str(shared_data_dir), 400)
+    assert projection.shape == (784, 5) and not shares.refused
+    for client in range(2):
+        entries = PrivacyLedger.load(tmp_path / "rich" / f"node{client}" / "ledger.json").entries(str(client))
+        assert list(entries.values()) == [(pca_event(12.4),)]
+    poor = grid(0.1, tmp_path / "poor")  # ε(σ_p = 12.4) ≈ 0.3 > 0.1: refused, nothing booked
+    with pytest.raises(RuntimeError, match="budget"):
+        federated_dppca(poor, 0, 12.4, 1.0, 5, 784, str(shared_data_dir), 400)
+    assert not (tmp_path / "poor" / "node0" / "ledger.json").exists() or not PrivacyLedger.load(
+        tmp_path / "poor" / "node0" / "ledger.json").entries("0")
