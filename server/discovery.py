@@ -59,13 +59,19 @@ def read_description(content: RecordDict) -> ClientInfo:
     return ClientInfo(client, n, public, releases, evaluate_events)
 
 
+def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
+    """The connected node ids, once there are at least ``min_nodes`` (Flower's simulation
+    engine registers its nodes while the ServerApp already runs: asking at once can find none)."""
+    while len(node_ids := sorted(grid.get_node_ids())) < min_nodes:
+        log(INFO, "Waiting for nodes: %d connected, %d needed", len(node_ids), min_nodes)
+        time.sleep(0.5)
+    return node_ids
+
+
 def discover(grid: Grid, min_nodes: int = 1, timeout: float = 600.0) -> dict[int, ClientInfo]:
     """Wait for ``min_nodes`` connected nodes, then ``describe_nodes`` all of them; two
     nodes with one client id is a misconfigured federation (an error)."""
-    while len(node_ids := sorted(grid.get_node_ids())) < min_nodes:
-        log(INFO, "Waiting for nodes: %d connected, %d needed", len(node_ids), min_nodes)
-        time.sleep(1)
-    found = describe_nodes(grid, node_ids, timeout)
+    found = describe_nodes(grid, wait_for_nodes(grid, min_nodes), timeout)
     ids = [c.client_id for c in found.values()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"two nodes claim the same client id: {sorted(ids)}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -174,25 +173,18 @@ def classifier(algorithm: str, epsilon: float, seed: int, x: np.ndarray, y: np.n
 
 def federated(algorithm: str, epsilon: float, seed: int, clients: int, iterations: int) -> tuple[float, dict[str, float]]:
     """(metric, each node's ε from its own ledger) of a run across ``clients`` simulated nodes."""
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
+    from flwr.serverapp import Grid
 
-    from clients.classic_app import app as client_app
     from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
-    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
-    from fedpriv.privacy import PrivacyLedger, make_accountant
     from server import classic
-    from simulations._ray import ray_cluster
+    from simulations._classic_nodes import run_on_nodes
 
     dataset = ALGORITHMS[algorithm]
     x_train, _, x_test, y_test = load(dataset, seed)
-    outcome: dict[str, Any] = {}
-    server_app = ServerApp()
+    outcome: dict[str, float] = {}
 
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
+    def server(grid: Grid) -> None:
         bounds = stated_bounds(algorithm)
         if algorithm == "linreg":
             model, _ = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
@@ -208,30 +200,11 @@ def federated(algorithm: str, epsilon: float, seed: int, clients: int, iteration
             outcome["metric"] = float((answers.argmax(axis=1) == y_test).mean())
 
     # pure-DP (Laplace) releases compose exactly under basic composition (RDP's conversion adds a little)
-    accountant = "rdp" if algorithm == "ann-iris" else "basic"
     budget = epsilon * (len(y_test) if algorithm == "output-perturbation" else 1) * (1 + LATTICE_SLACK)
-    with tempfile.TemporaryDirectory(prefix="fedpriv-classic-") as state:
-        policy = Path(state) / "policy.toml"
-        policy.write_text(policy_file_text({"epsilon-budget": budget, "randomness": "seeded", "seed": seed,
-                                            "state-dir": f"{state}/nodes/{{partition-id}}", "accountant": accountant,
-                                            "delta": DELTA}))
-        with ray_cluster({}, {POLICY_ENV: str(policy)}):
-            import os
-
-            os.environ[POLICY_ENV] = str(policy)
-            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
-                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-        if "metric" not in outcome:
-            raise SystemExit("python -m simulations.classic: the ServerApp did not finish; see the log above")
-        spent = {}
-        for client in range(clients):
-            path = Path(state) / "nodes" / str(client) / "ledger.json"
-            composed = make_accountant(accountant)
-            if path.exists():
-                for events in PrivacyLedger.load(path).entries(str(client)).values():
-                    for event in events:
-                        composed.compose(event)
-            spent[str(client)] = composed.epsilon(DELTA) if path.exists() else 0.0
+    ledgers = run_on_nodes("python -m simulations.classic", server, clients, {
+        "epsilon-budget": budget, "delta": DELTA, "randomness": "seeded", "seed": seed,
+        "accountant": "rdp" if algorithm == "ann-iris" else "basic"})
+    spent = {client: 0.0 if ledger is None else ledger.spent_at(client, DELTA) for client, ledger in ledgers.items()}
     return outcome["metric"], spent
 
 

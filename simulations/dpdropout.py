@@ -152,21 +152,14 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     books every round in its own durable ledger before reading its data, and its ε is read
     back from that ledger."""
     import dataclasses
-    import os
-    import tempfile
 
     import torch
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
+    from flwr.serverapp import Grid
 
-    from clients.classic_app import app as client_app
     from fedpriv.algorithms import dpdropout
     from fedpriv.algorithms.datasets import load as load_split
-    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
-    from fedpriv.privacy import PrivacyLedger
     from server.classic import federated_dpdropout
-    from simulations._ray import ray_cluster
+    from simulations._classic_nodes import run_on_nodes
 
     _, y, x_test, y_test = load_split(args.dataset, args.seed)
     share_size = len(y) / args.clients  # public: an IID split of a data set of public size
@@ -174,30 +167,16 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     settings = dataclasses.replace(base, fixed_sample_rate=base.sample_rate(len(y)))
     sigma, paper = noise_multiplier(args, settings, args.epsilon, len(y))
     outcome: dict[str, Any] = {}
-    server_app = ServerApp()
 
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
+    def server(grid: Grid) -> None:
         outcome["model"], outcome["shares"] = federated_dpdropout(grid, args.dataset, args.seed, settings, sigma,
                                                                   share_size)
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fedpriv-dpdropout-") as state:
-        policy = Path(state) / "policy.toml"
-        policy.write_text(policy_file_text({
-            "epsilon-budget": paper.get("sound_epsilon", args.epsilon) * (1 + 1e-9), "delta": args.delta,
-            "accountant": args.accountant, "randomness": "seeded", "seed": args.seed,
-            "state-dir": f"{state}/nodes/{{partition-id}}"}))
-        with ray_cluster({}, {POLICY_ENV: str(policy)}):
-            os.environ[POLICY_ENV] = str(policy)
-            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
-                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-        if "model" not in outcome:
-            raise SystemExit(f"{PROG}: the ServerApp did not finish; see the log above")
-        spent = {}
-        for client in range(args.clients):
-            path = Path(state) / "nodes" / str(client) / "ledger.json"
-            spent[str(client)] = PrivacyLedger.load(path).spent_at(str(client), args.delta) if path.exists() else 0.0
+    ledgers = run_on_nodes(PROG, server, args.clients, {
+        "epsilon-budget": paper.get("sound_epsilon", args.epsilon) * (1 + 1e-9), "delta": args.delta,
+        "accountant": args.accountant, "randomness": "seeded", "seed": args.seed})
+    spent = {client: 0.0 if ledger is None else ledger.spent_at(client, args.delta) for client, ledger in ledgers.items()}
     accuracy = dpdropout.accuracy(outcome["model"], dpdropout.digits_features(x_test),
                                   torch.as_tensor(y_test, dtype=torch.long))
     return result(args, method, args.epsilon, sigma, accuracy, settings, time.perf_counter() - start, spent,

@@ -16,7 +16,6 @@ JSON object.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -120,47 +119,27 @@ def federated(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
     """The projection from K simulated Flower nodes' noisy matrices (each booked in the node's
     durable ledger), then the MLP trained centrally; per client, the node's ledger entries and
     the training's in one ledger."""
-    import os
-    import tempfile
+    from flwr.serverapp import Grid
 
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from clients.classic_app import app as client_app
     from fedpriv.algorithms import dppca
-    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
     from fedpriv.privacy import Budget, PrivacyLedger
     from server import classic
-    from simulations._ray import ray_cluster
+    from simulations._classic_nodes import run_on_nodes
 
     outcome: dict[str, Any] = {}
-    server_app = ServerApp()
     data_dir = None if args.data_dir is None else str(Path(args.data_dir).resolve())  # Ray workers' cwd differs
 
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        while len(grid.get_node_ids()) < args.clients:  # Flower's engine registers its nodes while this runs
-            time.sleep(0.5)
+    def server(grid: Grid) -> None:
         outcome["projection"], _ = classic.federated_dppca(grid, args.seed, sigma_p, args.pca_sample_rate, args.dims,
                                                            train.features[0].numel(), data_dir, args.limit_train)
 
+    start = time.perf_counter()
+    ledgers = run_on_nodes(PROG, server, args.clients, {"epsilon-budget": args.epsilon, "delta": args.delta,
+                                                        "randomness": "seeded", "seed": args.seed})
     ledger = PrivacyLedger(Budget(epsilon=args.epsilon, delta=args.delta))
-    with tempfile.TemporaryDirectory(prefix="fedpriv-dppca-") as state:
-        policy = Path(state) / "policy.toml"
-        policy.write_text(policy_file_text({"epsilon-budget": args.epsilon, "delta": args.delta, "randomness": "seeded",
-                                            "seed": args.seed, "state-dir": f"{state}/nodes/{{partition-id}}"}))
-        start = time.perf_counter()
-        with ray_cluster({}, {POLICY_ENV: str(policy)}):
-            os.environ[POLICY_ENV] = str(policy)
-            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
-                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-        if "projection" not in outcome:
-            raise SystemExit(f"{PROG}: the ServerApp did not finish; see the log above")
-        for client in map(str, range(args.clients)):
-            path = Path(state) / "nodes" / client / "ledger.json"
-            for entry, events in (PrivacyLedger.load(path).entries(client) if path.exists() else {}).items():
-                ledger.record(client, entry, events)
+    for client, booked in ledgers.items():
+        for entry, events in (booked.entries(client) if booked is not None else {}).items():
+            ledger.record(client, entry, events)
     progress(f"projection from {args.clients} nodes (σ_p = {sigma_p:g} each) in {time.perf_counter() - start:.1f} s")
     plan = training_plan(args, len(train.labels), dppca.pca_event(sigma_p, args.pca_sample_rate))
     return train_mlp(args, plan, outcome["projection"], train, test, ledger), ledger, plan

@@ -4,7 +4,6 @@ and federating them changes the noise, never the ε a record is charged."""
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
 from fedpriv.algorithms import linreg
@@ -21,15 +20,6 @@ TOLERANCE_AT_10 = {  # how far from non-private the mean may be at ε = 10 (docs
     "ann-iris": ("gap", 0.10),
     "output-perturbation": ("gap", 0.06),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The iris networks are tiny: one thread is several times faster than two that contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _mean(algorithm: str, epsilon: float) -> float:

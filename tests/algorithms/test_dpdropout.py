@@ -29,15 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FEATURES = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These networks are tiny: on a busy 2-core machine one thread is several times faster."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def small(method: str = "dpd", **overrides: float | int) -> Settings:
     chosen = dict(method=method, hidden=12, max_grad_norm=1.0, lot_size=4, epochs=1, lr=1.0,
                   dropout=0.3 if method == "dpd" else 0.0)

@@ -1,0 +1,55 @@
+"""Run a server function over K simulated nodes of the classic ClientApp (``clients/classic_app.py``)
+in Flower's simulation engine, each node with the given policy, seeded randomness and its own
+durable ledger; return what each node's ledger booked. Shared by ``simulations.classic``,
+``simulations.dpdropout`` and ``simulations.dppca``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.serverapp import Grid
+
+
+def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    """Run ``server(grid)`` once all ``clients`` nodes are connected; partition id → that
+    node's ``PrivacyLedger`` as it stands after the run (None: it booked nothing).
+    ``policy`` holds the node policy's keys but ``state-dir`` (a temporary folder per node)."""
+    from flwr.app import Context
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from clients.classic_app import app as client_app
+    from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+    from fedpriv.privacy import PrivacyLedger
+    from server.discovery import wait_for_nodes
+    from simulations._ray import ray_cluster
+
+    finished: list[bool] = []
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        wait_for_nodes(grid, clients)  # the engine registers its nodes while this already runs
+        server(grid)
+        finished.append(True)
+
+    with tempfile.TemporaryDirectory(prefix="fedpriv-nodes-") as state:
+        policy_path = Path(state) / "policy.toml"
+        policy_path.write_text(policy_file_text({**policy, "state-dir": f"{state}/nodes/{{partition-id}}"}))
+        with ray_cluster({}, {POLICY_ENV: str(policy_path)}):
+            os.environ[POLICY_ENV] = str(policy_path)
+            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
+                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        if not finished:
+            raise SystemExit(f"{prog}: the ServerApp did not finish; see the log above")
+        ledgers = {}
+        for client in map(str, range(clients)):
+            path = Path(state) / "nodes" / client / "ledger.json"
+            ledgers[client] = PrivacyLedger.load(path) if path.exists() else None
+    return ledgers
