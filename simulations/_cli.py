@@ -99,6 +99,13 @@ def delta(text: str) -> float:
     return value
 
 
+def write_out(out: Path | None, text: str) -> None:
+    """Write a command's result ``text`` to ``--out`` (its folder made first), if given."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help=CACHE_HELP)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import Parser, add_cache_dir, at_least, delta, positive, use_cache_dir
+from simulations._cli import Parser, add_cache_dir, at_least, delta, positive, use_cache_dir, write_out
 
 if TYPE_CHECKING:
     from fedpriv.training import TrainingPlan
@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a target ε out of reach
         parser.error(str(err))
     text = json.dumps(result, indent=2)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    write_out(args.out, text)
     print(text)
     return result
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from simulations._cli import Parser, at_least, positive
+from simulations._cli import Parser, at_least, positive, write_out
 
 ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
               "output-perturbation": "iris"}
@@ -266,9 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = sweep(args.algorithm, args.iterations, args.out) if args.sweep else \
         run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
     text = json.dumps(result, indent=2 if args.sweep else None)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    write_out(args.out, text)
     print(text if not args.sweep else json.dumps(result["mean"]))
     return result
 

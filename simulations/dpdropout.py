@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulations._cli import Parser, at_least, delta, positive, unit_interval
+from simulations._cli import Parser, at_least, delta, positive, unit_interval, write_out
 
 PROG = "python -m simulations.dpdropout"
 DATASETS = ("mnist", "digits")
@@ -247,9 +247,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.table:
         outcome, text = table(args)
         print(text, end="")
+        write_out(args.out, json.dumps(outcome, indent=1))
         if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(outcome, indent=1) + "\n")
             args.out.with_suffix(".md").write_text(text)
         return outcome
     method = args.method or "dpd"
@@ -262,9 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ValueError as err:  # e.g. a target ε out of the accountant's reach
         parser.error(str(err))
     text = json.dumps(outcome)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    write_out(args.out, text)
     print(text)
     return outcome
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import Parser, at_least, delta, positive, probability
+from simulations._cli import Parser, at_least, delta, positive, probability, write_out
 
 if TYPE_CHECKING:
     import torch
@@ -222,9 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a budget the PCA alone exhausts
         parser.error(str(err))
     text = json.dumps(result, indent=2)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    write_out(args.out, text)
     print(text)
     return result
 
