@@ -128,3 +128,28 @@ def test_federated_output_perturbation_books_every_answer_and_refuses_past_the_b
         assert _spent(tmp_path, client) == (1, pytest.approx(30 * 10.0, rel=1e-6))  # ε per answer, 30 answers
     _, shares = federated_answers(grid, "iris", 0, 10.0, x_test[:1])
     assert len(shares.refused) == 2  # one more answer would pass 300
+
+
+def test_a_noiseless_or_malformed_training_or_query_request_is_refused_and_books_nothing(tmp_path):
+    """The curious server asks for DP-SGD without noise (σ = 0: infinite ε), sends weights
+    of another model, or queries of the wrong width: every node refuses before booking."""
+    from fedpriv.algorithms import iris
+    from fedpriv.privacy.events import LaplaceEvent
+    from server.classic import Shares, _ask
+
+    grid = _grid(tmp_path, 2, budget=100.0)
+    ann = {"algorithm": "ann-iris", "dataset": "iris", "seed": 0, "run-key": "run-" + "ab" * 6, "sample-rate": 0.5,
+           "steps": 10, "max-grad-norm": 1.0, "lr": 0.1, "lot-size": 20.0}
+    answers = {"algorithm": "output-perturbation", "dataset": "iris", "seed": 0, "run-key": "run-" + "ab" * 6,
+               "epsilon": 1.0}
+    cases = [({**ann, "noise-multiplier": 0.0, "step": 0}, {"weights": np.zeros(iris.NUM_PARAMETERS)}),
+             ({**ann, "noise-multiplier": 1.0, "step": 1}, {"weights": np.zeros(iris.NUM_PARAMETERS + 1)}),
+             ({**answers, "step": 2}, {"queries": np.zeros((3, iris.NUM_FEATURES - 1))})]
+    refusals = []
+    for config, arrays in cases:
+        shares = Shares()
+        _, accepted = _ask(grid, config, arrays, 1, LaplaceEvent(1.0), shares)
+        assert accepted == 0 and len(shares.refused) == 2
+        refusals.append(list(shares.refused.values()))
+    assert all("exceed its budget" in reason for reason in refusals[0])  # σ = 0 costs infinite ε
+    assert not (tmp_path / "node0" / "ledger.json").exists() and not (tmp_path / "node1" / "ledger.json").exists()
