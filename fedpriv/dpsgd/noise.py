@@ -10,7 +10,10 @@ parameters on a 2-core machine — about a quarter of a non-private MLP step at 
 The draw goes straight into the step's reused gradient buffer (no allocation).  Measured
 slower here, so not used: numpy's ziggurat (PCG64 or SFC64 bits, 8–10 ms), Box–Muller in
 torch ops on faster bits (~4 ms: the log/cos/sin passes alone cost more than torch's fused
-kernel), and drawing the next step's noise in a background thread (it competes with the
+kernel), drawing the next step's noise in a background thread (it competes with the
+intra-op threads), and splitting the draw into two halves from two generators on two
+threads: 2.4 ms instead of 4.4 alone, but no faster inside the step (MLP, ``benchmarks.dpsgd
+--quick``: 17.6k samples/s against 18.2k; the second thread competes with torch's spinning
 intra-op threads).
 """
 
