@@ -153,3 +153,19 @@ def test_a_noiseless_or_malformed_training_or_query_request_is_refused_and_books
         refusals.append(list(shares.refused.values()))
     assert all("exceed its budget" in reason for reason in refusals[0])  # σ = 0 costs infinite ε
     assert not (tmp_path / "node0" / "ledger.json").exists() and not (tmp_path / "node1" / "ledger.json").exists()
+
+
+def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_path, monkeypatch):
+    """A kind whose noise is weaker than its booked cost (here: a release claiming half the
+    ε it booked, as a halved noise scale would) sends no values: the node's check fails closed."""
+    from clients import classic_app
+    from fedpriv.privacy.events import LaplaceEvent
+
+    real = classic_app.RELEASES["linreg"]
+    cheated = classic_app.ReleaseKind(real.cost, lambda request, node, rng: (real.compute(request, node, rng)[0],
+                                                                           LaplaceEvent(0.5)))
+    monkeypatch.setitem(classic_app.RELEASES, "linreg", cheated)
+    grid = _grid(tmp_path, 2, budget=10.0)
+    with pytest.raises(RuntimeError, match="not the booked"):
+        federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
+    assert grid.log == []  # the node failed before making any reply
