@@ -151,6 +151,17 @@ def _box(request: Request) -> kmeans.Box:
     return kmeans.Box(request.array("low"), request.array("high"))
 
 
+def flat_weights(model: torch.nn.Module) -> np.ndarray:
+    """A model's parameters as one flat vector: what a training release sends."""
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+
+
+def load_flat_weights(model: torch.nn.Module, weights: np.ndarray) -> torch.nn.Module:
+    """``model`` with its parameters set from a flat vector (``flat_weights``' inverse)."""
+    torch.nn.utils.vector_to_parameters(torch.as_tensor(weights, dtype=torch.float32), model.parameters())
+    return model
+
+
 def _ann_cost(request: Request) -> DpEvent:
     _ = request.dataset, request.seed, request.number("max-grad-norm"), request.number("lr")  # checked first
     if request.array("weights").shape != (iris.NUM_PARAMETERS,) or request.number("lot-size") <= 0:
@@ -161,15 +172,13 @@ def _ann_cost(request: Request) -> DpEvent:
 def _ann(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
     """DP-SGD from the server's weights on this node's share; the trained weights."""
     x, y = node.share(request.dataset, request.seed)
-    model = iris.network(0)
-    torch.nn.utils.vector_to_parameters(torch.as_tensor(request.array("weights"), dtype=torch.float32),
-                                        model.parameters())
+    model = load_flat_weights(iris.network(0), request.array("weights"))
     seeds = None if rng is None else (int(rng.integers(2**62)), int(rng.integers(2**62)))
     (event,) = iris.train(model, x, y.astype(int), noise_multiplier=request.number("noise-multiplier"),
                           sample_rate=request.number("sample-rate"), steps=int(request.config["steps"]),
                           max_grad_norm=request.number("max-grad-norm"), lr=request.number("lr"), seeds=seeds,
                           expected_lot_size=request.number("lot-size"))
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy(), event
+    return flat_weights(model), event
 
 
 def _answers_cost(request: Request) -> DpEvent:
@@ -211,15 +220,13 @@ def _dpdropout(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEv
     """One local DPD epoch (round ``step`` + 1 of η0/t) from the server's weights; the trained weights."""
     settings = _dpdropout_settings(request)
     x, y = node.share(request.dataset, request.seed)
-    model = dpdropout.network(dpdropout.DIGITS_FEATURES, settings, 0)
-    torch.nn.utils.vector_to_parameters(torch.as_tensor(request.array("weights"), dtype=torch.float32),
-                                        model.parameters())
+    model = load_flat_weights(dpdropout.network(dpdropout.DIGITS_FEATURES, settings, 0), request.array("weights"))
     epoch = int(request.config["step"]) + 1
     (event,) = dpdropout.train(model, dpdropout.digits_features(x), torch.as_tensor(y, dtype=torch.long), settings,
                                request.number("noise-multiplier"), epochs=range(epoch, epoch + 1),
                                seed=None if rng is None else int(rng.integers(2**62)),
                                expected_lot_size=request.number("lot-size"))
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy(), event
+    return flat_weights(model), event
 
 
 def _mnist_root(request: Request) -> str | None:

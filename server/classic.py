@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from clients.classic_app import ARRAYS, CONFIG, VALUES, entry
+from clients.classic_app import ARRAYS, CONFIG, VALUES, entry, flat_weights, load_flat_weights
 from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.federation import protocol
 from fedpriv.privacy import calibrate_noise_multiplier
@@ -90,14 +90,24 @@ def federated_dplloyd(grid: Grid, dataset: str, seed: int, epsilon: float, k: in
     request = {"dataset": dataset, "seed": seed, "epsilon": share, "run-key": run_key}
     bounds = {"low": box.low, "high": box.high}
     moments, _ = _ask(grid, {**request, "algorithm": "kmeans-moments", "step": 0}, bounds, 1 + 2 * len(box.low),
-                   kmeans.moments_event(box, share), shares)
+                      kmeans.moments_event(box, share), shares)
     centroids = kmeans.initial_centroids(moments, k, box, np.random.default_rng(seed))
     event = kmeans.release_event(k, box, share)
     for step in range(iterations):
-        total, _ = _ask(grid, {**request, "algorithm": "kmeans-dplloyd", "step": step}, {**bounds, "centroids": centroids},
-                     k * (1 + len(box.low)), event, shares)
+        total, _ = _ask(grid, {**request, "algorithm": "kmeans-dplloyd", "step": step},
+                        {**bounds, "centroids": centroids}, k * (1 + len(box.low)), event, shares)
         centroids = kmeans.update(total.reshape(k, -1), centroids, box)
     return centroids, shares
+
+
+def _fedavg_round(grid: Grid, config: Mapping[str, Any], model: torch.nn.Module, expected: DpEvent,
+                  shares: Shares) -> None:
+    """Send ``model``'s weights with ``config``; replace them by the mean of the valid replies
+    (each node's weights after its local training; unchanged if none is valid)."""
+    weights = flat_weights(model)
+    total, accepted = _ask(grid, config, {"weights": weights}, len(weights), expected, shares)
+    if accepted:
+        load_flat_weights(model, total / accepted)
 
 
 @dataclass(frozen=True)
@@ -127,11 +137,7 @@ def federated_ann(grid: Grid, dataset: str, seed: int, epsilon: float, delta: fl
         config = {"algorithm": "ann-iris", "dataset": dataset, "seed": seed, "step": step, "run-key": run_key,
                   "noise-multiplier": sigma, "sample-rate": plan.sample_rate, "steps": plan.steps,
                   "max-grad-norm": plan.max_grad_norm, "lr": plan.lr, "lot-size": plan.sample_rate * share_size}
-        weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
-        total, accepted = _ask(grid, config, {"weights": weights}, iris.NUM_PARAMETERS, expected, shares)
-        if accepted:
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(total / accepted, dtype=torch.float32),
-                                                model.parameters())
+        _fedavg_round(grid, config, model, expected, shares)
     return model, shares
 
 
@@ -152,21 +158,16 @@ def federated_dpdropout(grid: Grid, dataset: str, seed: int, settings: dpdropout
     """FedAvg of local DPD: ``settings.epochs`` rounds, each node training one local epoch
     (η_t = η0/t, t the round) from the server's weights at the fixed rate q of ``settings``
     with divisor q × the public ``share_size``; the model is the mean of the valid replies."""
-    model, run_key, shares = dpdropout.network(dpdropout.DIGITS_FEATURES, settings, seed), f"run-{secrets.token_hex(6)}", \
-        Shares()
+    model = dpdropout.network(dpdropout.DIGITS_FEATURES, settings, seed)
+    run_key, shares = f"run-{secrets.token_hex(6)}", Shares()
     q = settings.sample_rate(1)
     expected = dpsgd_event(noise_multiplier, q, settings.steps(1, epochs=1))
-    size = dpdropout.parameter_count(dpdropout.DIGITS_FEATURES, settings.hidden)
     for step in range(settings.epochs):
         config = {"algorithm": "dpdropout", "dataset": dataset, "seed": seed, "step": step, "run-key": run_key,
                   "method": settings.method, "hidden": settings.hidden, "noise-multiplier": noise_multiplier,
                   "sample-rate": q, "lot-size": q * share_size, "max-grad-norm": settings.max_grad_norm,
                   "lr": settings.lr, "dropout": settings.dropout}
-        weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
-        total, accepted = _ask(grid, config, {"weights": weights}, size, expected, shares)
-        if accepted:
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(total / accepted, dtype=torch.float32),
-                                                model.parameters())
+        _fedavg_round(grid, config, model, expected, shares)
     return model, shares
 
 
