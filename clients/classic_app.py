@@ -13,8 +13,10 @@ node's policy says ``seeded``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,16 +24,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from clients.client_app import answer
-from clients.releases import book
+from clients.releases import Refusal, book
 from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.algorithms.datasets import LOADERS, client_share, load
-from fedpriv.data import check_available, load_dataset
+from fedpriv.data import DatasetNotFoundError, check_available, load_dataset
+from fedpriv.dpsgd import DPSGDConfig
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import Randomness, load_policy
+from fedpriv.models import build_model
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 from fedpriv.seeding import derive_seed
 
 CONFIG, ARRAYS, VALUES = "config", "arrays", "values"
+MNIST_FEATURES = 28 * 28
 
 app = ClientApp()
 
@@ -80,10 +85,12 @@ class Request:
 
 @dataclass(frozen=True)
 class Node:
-    """Which share of the data this node holds (its partition of ``clients``)."""
+    """Which share of the data this node holds (its partition of ``clients``), and where its
+    data files are (its policy's ``data-dir``: the node's, never the request's)."""
 
     client: int
     clients: int
+    data_dir: Path | None = None
 
     def share(self, dataset: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """This node's IID share of the training split of ``dataset``."""
@@ -104,6 +111,8 @@ class ReleaseKind:
 
     cost: Callable[[Request], DpEvent]
     compute: Callable[[Request, Node, Rng], tuple[np.ndarray, DpEvent]]
+    ready: Callable[[Node], None] | None = None
+    """Checks the node can compute the release (its data files exist), before anything is booked."""
 
 
 def _linreg_bounds(request: Request) -> linreg.Bounds:
@@ -229,27 +238,89 @@ def _dpdropout(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEv
     return flat_weights(model), event
 
 
-def _mnist_root(request: Request) -> str | None:
-    """The node's MNIST folder as the request names it ("" for the default); it must hold MNIST."""
-    root = str(request.config["data-dir"]) or None
-    check_available("mnist", root)
-    return root
+def _mnist_ready(node: Node) -> None:
+    """The node's own MNIST folder (its policy's ``data-dir``) must hold MNIST; the refusal
+    does not tell the server the node's path."""
+    try:
+        check_available("mnist", None if node.data_dir is None else str(node.data_dir))
+    except DatasetNotFoundError as err:
+        raise Refusal("this node holds no MNIST in its policy's data-dir") from err
+
+
+@functools.lru_cache(maxsize=2)
+def _mnist_share(node: Node, limit: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This node's IID share of its MNIST training images (the first ``limit``; 0: all),
+    read from its own ``data-dir`` (cached: every training round reads it)."""
+    train = load_dataset("mnist", None if node.data_dir is None else str(node.data_dir), train=True,
+                         limit=limit or None)
+    x, y = client_share(train.features.numpy(), train.labels.numpy(), node.client, node.clients, seed)
+    return torch.from_numpy(x), torch.from_numpy(y).long()
+
+
+def _limit(request: Request) -> int:
+    limit = int(request.config["limit-train"])
+    if limit < 0:
+        raise protocol.ProtocolError(f"limit-train must be >= 0, got {limit}")
+    return limit
 
 
 def _dppca_cost(request: Request) -> DpEvent:
-    _ = request.seed, _mnist_root(request), int(request.config["limit-train"])  # checked before anything is booked
+    _ = request.seed, _limit(request)  # checked before anything is booked
     return dppca.pca_event(request.number("noise-multiplier"), request.number("sample-rate"))
 
 
 def _dppca(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
     """This node's noisy Σ x xᵀ of its unit-norm MNIST training images (an IID share)."""
-    train = load_dataset("mnist", _mnist_root(request), train=True, limit=int(request.config["limit-train"]) or None)
-    x, _ = client_share(train.features.numpy(), train.labels.numpy(), node.client, node.clients, request.seed)
+    x, _ = _mnist_share(node, _limit(request), request.seed)
     generators = {} if rng is None else {name: torch.Generator().manual_seed(int(rng.integers(2**62)))
                                          for name in ("sampling_generator", "noise_generator")}
-    release = dppca.noisy_second_moment(torch.from_numpy(x), request.number("noise-multiplier"),
+    release = dppca.noisy_second_moment(x, request.number("noise-multiplier"),
                                         request.number("sample-rate"), secure_mode=rng is None, **generators)
     return release.matrix.numpy().ravel(), release.event
+
+
+def _dppca_projection(request: Request) -> torch.Tensor:
+    """The server's projection, untrusted: finite, (784 × dims), orthonormal columns."""
+    try:
+        return dppca.check_projection(request.array("projection"), MNIST_FEATURES)
+    except ValueError as err:
+        raise protocol.ProtocolError(str(err)) from err
+
+
+def _dppca_mlp(request: Request, dims: int) -> torch.nn.Module:
+    """The MLP (dims → 1000 → 10) holding the server's weights, which must fit it."""
+    model = build_model("mlp", 0, in_features=dims)
+    weights = request.array("weights")
+    if weights.shape != (sum(p.numel() for p in model.parameters()),):
+        raise protocol.ProtocolError(f"weights do not fit the {dims}-input MLP")
+    return load_flat_weights(model, weights)
+
+
+def _dppca_train_cost(request: Request) -> DpEvent:
+    """One round of local DP-SGD on the projected images: every value checked (the
+    projection, the weights, the engine's config) before anything is booked."""
+    _ = request.seed, _limit(request), _dppca_mlp(request, _dppca_projection(request).shape[1])
+    steps, lot_size, lr = int(request.config["steps"]), request.number("lot-size"), request.number("lr")
+    if steps < 1 or lot_size <= 0 or lr <= 0:
+        raise protocol.ProtocolError("steps must be >= 1, lot-size and lr > 0")
+    config = DPSGDConfig(noise_multiplier=request.number("noise-multiplier"),
+                         max_grad_norm=request.number("max-grad-norm"), sample_rate=request.number("sample-rate"))
+    return dpsgd_event(config.noise_multiplier, config.sample_rate, steps)
+
+
+def _dppca_train(request: Request, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+    """DP-SGD from the server's weights on this node's share, projected by the server's
+    (checked) projection; the trained weights."""
+    projection = _dppca_projection(request)
+    model = _dppca_mlp(request, projection.shape[1])
+    x, y = _mnist_share(node, _limit(request), request.seed)
+    seeds = None if rng is None else (int(rng.integers(2**62)), int(rng.integers(2**62)))
+    (event,) = dppca.train_mlp(model, dppca.project(x, projection, dppca.INPUT_SCALE), y,
+                               noise_multiplier=request.number("noise-multiplier"),
+                               sample_rate=request.number("sample-rate"), steps=int(request.config["steps"]),
+                               max_grad_norm=request.number("max-grad-norm"), lr=request.number("lr"), seeds=seeds,
+                               expected_lot_size=request.number("lot-size"))
+    return flat_weights(model), event
 
 
 RELEASES: dict[str, ReleaseKind] = {
@@ -259,7 +330,8 @@ RELEASES: dict[str, ReleaseKind] = {
     "ann-iris": ReleaseKind(_ann_cost, _ann),
     "output-perturbation": ReleaseKind(_answers_cost, _answers),
     "dpdropout": ReleaseKind(_dpdropout_cost, _dpdropout),
-    "dppca": ReleaseKind(_dppca_cost, _dppca),
+    "dppca": ReleaseKind(_dppca_cost, _dppca, _mnist_ready),
+    "dppca-train": ReleaseKind(_dppca_train_cost, _dppca_train, _mnist_ready),
 }
 
 
@@ -271,7 +343,7 @@ def entry(run_key: str, algorithm: str, step: int) -> str:
 def release(msg: Message, context: Context) -> RecordDict:
     """Book, then compute and noise this node's statistic for the requested step."""
     policy = load_policy(context.node_config)
-    node = Node(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    node = Node(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]), policy.data_dir)
     request = Request(msg.content.config_records[CONFIG], msg.content.array_records[ARRAYS])
     algorithm = str(request.config["algorithm"])
     if algorithm not in RELEASES:
@@ -279,6 +351,8 @@ def release(msg: Message, context: Context) -> RecordDict:
     kind = RELEASES[algorithm]
     key = entry(str(request.config["run-key"]), algorithm, int(request.config["step"]))
     event = kind.cost(request)
+    if kind.ready is not None:
+        kind.ready(node)
     ordinal = book(policy, str(node.client), key, (event,), policy.budget)  # before the data is read
     # seeded (simulations): a stream per node and per entry, so two nodes given one seed never draw the same noise
     rng = (None if policy.randomness is Randomness.SECURE

@@ -6,8 +6,9 @@ events other than the ones the request costs drop that node's share from the sum
 
 from __future__ import annotations
 
+import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
@@ -21,6 +22,7 @@ from flwr.supercore import log
 from clients.classic_app import ARRAYS, CONFIG, VALUES, entry, flat_weights, load_flat_weights
 from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.federation import protocol
+from fedpriv.models import build_model
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 
@@ -101,11 +103,11 @@ def federated_dplloyd(grid: Grid, dataset: str, seed: int, epsilon: float, k: in
 
 
 def _fedavg_round(grid: Grid, config: Mapping[str, Any], model: torch.nn.Module, expected: DpEvent,
-                  shares: Shares) -> None:
-    """Send ``model``'s weights with ``config``; replace them by the mean of the valid replies
-    (each node's weights after its local training; unchanged if none is valid)."""
+                  shares: Shares, arrays: Mapping[str, np.ndarray] | None = None) -> None:
+    """Send ``model``'s weights (and ``arrays``) with ``config``; replace them by the mean of
+    the valid replies (each node's weights after its local training; unchanged if none is valid)."""
     weights = flat_weights(model)
-    total, accepted = _ask(grid, config, {"weights": weights}, len(weights), expected, shares)
+    total, accepted = _ask(grid, config, {**(arrays or {}), "weights": weights}, len(weights), expected, shares)
     if accepted:
         load_flat_weights(model, total / accepted)
 
@@ -171,15 +173,59 @@ def federated_dpdropout(grid: Grid, dataset: str, seed: int, settings: dpdropout
     return model, shares
 
 
+@dataclass(frozen=True)
+class DppcaTraining:
+    """Federated DP-SGD of the DP-PCA MLP: ``rounds`` rounds, in each every node runs
+    ``steps`` DP-SGD steps from the server's weights on its projected share, lots at rate
+    ``sample_rate`` whose expected size is ``lot_size`` (q × the public share size, the
+    noisy sum's divisor); LR ``lr`` decayed by a half cosine over the rounds (momentum 0.9,
+    restarted every round). ``noise_multiplier`` is calibrated by the caller so that the
+    PCA's event and all rounds compose to the node's ε."""
+
+    rounds: int
+    steps: int
+    sample_rate: float
+    lot_size: float
+    noise_multiplier: float
+    max_grad_norm: float
+    lr: float
+
+    def lr_at(self, round_: int) -> float:
+        """The LR of round ``round_`` (1-based): lr · ½(1 + cos(π (r − 1)/R))."""
+        return self.lr * 0.5 * (1 + math.cos(math.pi * (round_ - 1) / self.rounds))
+
+    @property
+    def event(self) -> DpEvent:
+        """What one round costs each node."""
+        return dpsgd_event(self.noise_multiplier, self.sample_rate, self.steps)
+
+
 def federated_dppca(grid: Grid, seed: int, noise_multiplier: float, sample_rate: float, dims: int, features: int,
-                    data_dir: str | None = None, limit_train: int | None = None) -> tuple[torch.Tensor, Shares]:
+                    limit_train: int | None = None, training: DppcaTraining | None = None,
+                    after_round: Callable[[int, torch.nn.Module, torch.Tensor], None] | None = None,
+                    ) -> tuple[torch.Tensor, torch.nn.Module | None, Shares]:
     """Abadi et al.'s DP-PCA across nodes: each releases its noisy Σ x xᵀ over its MNIST
-    share (``features`` coordinates); the top-``dims`` eigenvectors of their sum (K noises)."""
-    config = {"algorithm": "dppca", "seed": seed, "step": 0, "run-key": f"run-{secrets.token_hex(6)}",
-              "noise-multiplier": noise_multiplier, "sample-rate": sample_rate, "data-dir": data_dir or "",
-              "limit-train": limit_train or 0}
-    shares = Shares()
+    share (``features`` coordinates), read from the node's own data folder; the projection
+    is the top-``dims`` eigenvectors of their sum (K noises). With ``training``, the MLP
+    (dims → 1000 → 10, initialised from ``seed``) is then trained by FedAvg of the nodes'
+    local DP-SGD on their projected shares, the projection sent with every round;
+    ``after_round(r, model, projection)`` is called after each. Returns (projection, model or None, shares)."""
+    run_key, shares = f"run-{secrets.token_hex(6)}", Shares()
+    config = {"algorithm": "dppca", "seed": seed, "step": 0, "run-key": run_key,
+              "noise-multiplier": noise_multiplier, "sample-rate": sample_rate, "limit-train": limit_train or 0}
     total, accepted = _ask(grid, config, {}, features * features, dppca.pca_event(noise_multiplier, sample_rate), shares)
     if not accepted:
         raise RuntimeError(f"no node released its matrix: {shares.refused}")
-    return dppca.principal_projection(torch.from_numpy(total.reshape(features, features)), dims), shares
+    projection = dppca.principal_projection(torch.from_numpy(total.reshape(features, features)), dims)
+    if training is None:
+        return projection, None, shares
+    model = build_model("mlp", seed, in_features=dims)
+    for step in range(training.rounds):
+        round_config = {"algorithm": "dppca-train", "seed": seed, "step": step, "run-key": run_key,
+                        "limit-train": limit_train or 0, "noise-multiplier": training.noise_multiplier,
+                        "sample-rate": training.sample_rate, "steps": training.steps, "lot-size": training.lot_size,
+                        "max-grad-norm": training.max_grad_norm, "lr": training.lr_at(step + 1)}
+        _fedavg_round(grid, round_config, model, training.event, shares, {"projection": projection.numpy()})
+        if after_round is not None:
+            after_round(step + 1, model, projection)
+    return projection, model, shares

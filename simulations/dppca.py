@@ -6,11 +6,12 @@ trained with DP-SGD. Both spend from one budget: the PCA's event (σ_p calibrate
 alone costs ``--pca-share`` × ε, or ``--pca-noise-multiplier`` as in the paper) is composed
 (RDP) with the DP-SGD events, whose σ is calibrated for the rest; every ε reported is read
 from a ledger holding both. With ``--clients K`` it runs across K Flower nodes (Flower's
-simulation engine): each node books its release in its durable ledger and sends its noisy
-matrix, the server adds them and builds the projection; the MLP is then trained centrally on
-the pooled training set (federated DP-SGD of the MLP is not done), and each client's ε
-composes its node's ledger entries with the training's. Prints (and writes to ``--out``) one
-JSON object.
+simulation engine), each reading its IID share of MNIST from its own policy's ``data-dir``:
+each node books its release in its durable ledger and sends its noisy matrix, the server adds
+them and builds the projection; then ``--epochs`` rounds of FedAvg, in each of which every
+node runs one local epoch of DP-SGD on its projected share (at the centralized run's rate q,
+so σ is the same), booking the round in its ledger first. Each client's ε is read from its
+node's ledger. Prints (and writes to ``--out``) one JSON object.
 """
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from fedpriv.training import TrainingPlan
 
 PROG = "python -m simulations.dppca"
-INPUT_SCALE = 10.0
-"""Projected unit-norm images have norm ≤ 1; ×10 (a public constant) brings them near the
-norm of an MNIST image in [0, 1] pixels, which the MLP's default LR and init suit (×1 trained
-to 94 % without noise in 15 epochs, ×10 to 98 %)."""
 PCA_ENTRY, TRAIN_ENTRY = "dppca/projection", "dppca/train/epoch-{}"
 
 
@@ -52,12 +49,14 @@ def build_parser() -> Parser:
                    help="Poisson rate of the PCA's sample (default: 1, the best signal per ε)")
     p.add_argument("--dims", type=at_least(1), default=60, help="projection dimension (default: 60)")
     p.add_argument("--epochs", type=at_least(1), default=30, help="DP-SGD epochs, or rounds with --clients (default: 30)")
-    p.add_argument("--lot-size", type=at_least(1), default=600, help="expected Poisson lot size (default: 600)")
+    p.add_argument("--lot-size", type=at_least(1), default=600,
+                   help="expected Poisson lot size (default: 600); with --clients, each node's is lot / K")
     p.add_argument("--max-grad-norm", type=positive, default=1.0, help="clipping norm C (default: 1)")
     p.add_argument("--lr", type=positive, default=0.2,
                    help="SGD learning rate (momentum 0.9), decayed by a half cosine over the epochs (default: 0.2)")
     p.add_argument("--seed", type=int, default=0, help="model init, sample, lots and noise (default: 0)")
-    p.add_argument("--data-dir", help="root folder of the data sets (default: ~/.cache/fedpriv)")
+    p.add_argument("--data-dir", help="root folder of the data sets, the server's and (with --clients) every "
+                                     "node's policy data-dir (default: ~/.cache/fedpriv)")
     p.add_argument("--download", action="store_true", help="download MNIST if it is missing")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples")
     p.add_argument("--out", type=Path, help="also write the JSON result to this file")
@@ -116,33 +115,55 @@ def centralized(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
 
 def federated(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
               ) -> tuple[float, PrivacyLedger, TrainingPlan]:
-    """The projection from K simulated Flower nodes' noisy matrices (each booked in the node's
-    durable ledger), then the MLP trained centrally; per client, the node's ledger entries and
-    the training's in one ledger."""
+    """Across K simulated Flower nodes: the projection from their noisy matrices, then
+    ``--epochs`` FedAvg rounds of one local DP-SGD epoch each (``server.classic.federated_dppca``).
+    Every node samples at the centralized q = lot / N with the divisor q × N/K (the public
+    share size), so one σ, calibrated with the PCA's event as a prior, serves every node.
+    The ledger returned is the nodes' own entries, read back from their durable ledgers."""
     from flwr.serverapp import Grid
 
     from fedpriv.algorithms import dppca
     from fedpriv.privacy import Budget, PrivacyLedger
+    from fedpriv.training import evaluate
     from server import classic
     from simulations._classic_nodes import run_on_nodes
 
+    num_examples = len(train.labels)
+    plan = training_plan(args, num_examples, dppca.pca_event(sigma_p, args.pca_sample_rate))
+    q = plan.sample_rate(num_examples)
+    training = classic.DppcaTraining(rounds=args.epochs, steps=plan.steps_per_round(num_examples), sample_rate=q,
+                                     lot_size=q * num_examples / args.clients, noise_multiplier=plan.noise_multiplier,
+                                     max_grad_norm=plan.max_grad_norm, lr=plan.lr)
     outcome: dict[str, Any] = {}
-    data_dir = None if args.data_dir is None else str(Path(args.data_dir).resolve())  # Ray workers' cwd differs
+    start = time.perf_counter()
+
+    def after_round(round_: int, model: torch.nn.Module, projection: torch.Tensor) -> None:
+        outcome["model"] = model
+        if round_ == 1:
+            progress(f"projection from {args.clients} nodes (σ_p = {sigma_p:g} each), then FedAvg rounds of "
+                     f"{training.steps} DP-SGD steps (σ = {plan.noise_multiplier:g}, q = {q:g}) on each node")
+        if round_ % 5 == 0 or round_ == args.epochs:
+            x_test = dppca.project(test.features, projection, dppca.INPUT_SCALE)
+            progress(f"round {round_}/{args.epochs}: test accuracy {evaluate(model, x_test, test.labels)[1]:.4f} "
+                     f"({time.perf_counter() - start:.0f} s)")
 
     def server(grid: Grid) -> None:
-        outcome["projection"], _ = classic.federated_dppca(grid, args.seed, sigma_p, args.pca_sample_rate, args.dims,
-                                                           train.features[0].numel(), data_dir, args.limit_train)
+        outcome["projection"], outcome["model"], outcome["shares"] = classic.federated_dppca(
+            grid, args.seed, sigma_p, args.pca_sample_rate, args.dims, train.features[0].numel(), args.limit_train,
+            training, after_round)
 
-    start = time.perf_counter()
-    ledgers = run_on_nodes(PROG, server, args.clients, {"epsilon-budget": args.epsilon, "delta": args.delta,
-                                                        "randomness": "seeded", "seed": args.seed})
+    policy = {"epsilon-budget": args.epsilon, "delta": args.delta, "randomness": "seeded", "seed": args.seed}
+    if args.data_dir is not None:  # the nodes' own data folder (Ray workers' cwd differs: absolute)
+        policy["data-dir"] = str(Path(args.data_dir).resolve())
+    ledgers = run_on_nodes(PROG, server, args.clients, policy)
     ledger = PrivacyLedger(Budget(epsilon=args.epsilon, delta=args.delta))
     for client, booked in ledgers.items():
         for entry, events in (booked.entries(client) if booked is not None else {}).items():
             ledger.record(client, entry, events)
-    progress(f"projection from {args.clients} nodes (σ_p = {sigma_p:g} each) in {time.perf_counter() - start:.1f} s")
-    plan = training_plan(args, len(train.labels), dppca.pca_event(sigma_p, args.pca_sample_rate))
-    return train_mlp(args, plan, outcome["projection"], train, test, ledger), ledger, plan
+    if outcome["shares"].refused:
+        progress(f"refused or dropped: {outcome['shares'].refused}")
+    x_test = dppca.project(test.features, outcome["projection"], dppca.INPUT_SCALE)
+    return evaluate(outcome["model"], x_test, test.labels)[1], ledger, plan
 
 
 def train_mlp(args: argparse.Namespace, plan: TrainingPlan, projection: torch.Tensor, train: Any, test: Any,
@@ -154,7 +175,7 @@ def train_mlp(args: argparse.Namespace, plan: TrainingPlan, projection: torch.Te
     from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
     from fedpriv.training import evaluate, train_round
 
-    x_train, x_test = (dppca.project(part.features, projection, INPUT_SCALE) for part in (train, test))
+    x_train, x_test = (dppca.project(part.features, projection, dppca.INPUT_SCALE) for part in (train, test))
     progress(f"DP-SGD σ = {plan.noise_multiplier:g} for {args.epochs} epochs")
     model = build_model("mlp", args.seed, in_features=args.dims)
     for epoch in range(1, args.epochs + 1):
@@ -189,6 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "total_epsilon": max(spent.values()),
         "client_epsilon": spent,
         "clients": args.clients or 1,
+        "training": "fedavg" if args.clients else "central",
         "pca_noise_multiplier": sigma_p,
         "pca_sample_rate": args.pca_sample_rate,
         "dims": args.dims,

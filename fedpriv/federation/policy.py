@@ -22,6 +22,9 @@ Keys (kebab-case, as in ``--node-config``):
 - ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
   correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
+- ``data-dir``: the root folder of the node's data sets, for the releases that read a data
+  set from files (the classic app's ``dppca`` kinds); default ``~/.cache/fedpriv``. A
+  folder named in a request is never read: which data a node holds is its own.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
@@ -89,6 +92,7 @@ class NodePolicy:
     evaluate_noise: float = 20.0
     accountant: AccountantKind = AccountantKind.RDP
     trusted_apps: tuple[str, ...] = ()
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon_budget, (int, float)) and self.epsilon_budget > 0):
@@ -174,6 +178,8 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
     try:
         if name == "state_dir":
             return Path(str(value).replace("{partition-id}", str(node_config.get("partition-id", "")))).resolve()
+        if name == "data_dir":
+            return Path(str(value)).expanduser().resolve() if str(value) else None
         if name == "randomness":
             return Randomness(value)
         if name == "accountant":

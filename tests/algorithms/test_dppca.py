@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from fedpriv.algorithms.dppca import (SENSITIVITY, calibrate_pca_noise, noisy_second_moment, pca_event,
-                                      principal_projection, project, second_moment, unit_rows)
+from fedpriv.algorithms.dppca import (SENSITIVITY, calibrate_pca_noise, check_projection, noisy_second_moment,
+                                      pca_event, principal_projection, project, second_moment, unit_rows)
 from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event
 from fedpriv.privacy.accountants.rdp import ORDERS
 from fedpriv.seeding import generator
@@ -187,25 +187,169 @@ def test_the_command_books_the_pca_beside_the_training_and_reports_the_ledger(sh
     assert result["pca_epsilon"] <= 0.15 * 2.0 and len(entries) == 1 + 2 and 0.1 < result["accuracy"] <= 1
 
 
-@pytest.mark.usefixtures("task_identity")
-def test_federated_nodes_book_their_release_first_and_refuse_past_their_budget(shared_data_dir, tmp_path):
+def _grid(state, data_dir, budget: float = 2.0, clients: int = 2):
     from clients.classic_app import app
-    from server.classic import federated_dppca
     from tests.flower.inprocess import InProcessGrid, node_config
 
-    def grid(budget: float, state):
-        nodes = {i: node_config(i, 2, state, **{"epsilon-budget": budget, "randomness": "seeded", "seed": 1})
-                 for i in range(2)}
-        return InProcessGrid({}, nodes, client_app=app)
+    nodes = {i: node_config(i, clients, state, **{"epsilon-budget": budget, "randomness": "seeded", "seed": 1,
+                                                  "data-dir": str(data_dir)}) for i in range(clients)}
+    return InProcessGrid({}, nodes, client_app=app)
 
-    rich = grid(2.0, tmp_path / "rich")
-    projection, shares = federated_dppca(rich, 0, 12.4, 1.0, 5, 784, str(shared_data_dir), 400)
-    assert projection.shape == (784, 5) and not shares.refused
+
+def _node_entries(state, client: int) -> dict:
+    path = state / f"node{client}" / "ledger.json"
+    return PrivacyLedger.load(path).entries(str(client)) if path.exists() else {}
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_federated_nodes_book_their_release_first_and_refuse_past_their_budget(shared_data_dir, tmp_path):
+    from server.classic import federated_dppca
+
+    projection, model, shares = federated_dppca(_grid(tmp_path / "rich", shared_data_dir), 0, 12.4, 1.0, 5, 784,
+                                                limit_train=400)
+    assert projection.shape == (784, 5) and model is None and not shares.refused
     for client in range(2):
-        entries = PrivacyLedger.load(tmp_path / "rich" / f"node{client}" / "ledger.json").entries(str(client))
-        assert list(entries.values()) == [(pca_event(12.4),)]
-    poor = grid(0.1, tmp_path / "poor")  # ε(σ_p = 12.4) ≈ 0.3 > 0.1: refused, nothing booked
+        assert list(_node_entries(tmp_path / "rich", client).values()) == [(pca_event(12.4),)]
+    poor = _grid(tmp_path / "poor", shared_data_dir, budget=0.1)  # ε(σ_p = 12.4) ≈ 0.3 > 0.1: refused
     with pytest.raises(RuntimeError, match="budget"):
-        federated_dppca(poor, 0, 12.4, 1.0, 5, 784, str(shared_data_dir), 400)
-    assert not (tmp_path / "poor" / "node0" / "ledger.json").exists() or not PrivacyLedger.load(
-        tmp_path / "poor" / "node0" / "ledger.json").entries("0")
+        federated_dppca(poor, 0, 12.4, 1.0, 5, 784, limit_train=400)
+    assert not _node_entries(tmp_path / "poor", 0)
+
+
+def _dppca_request(data_dir: str | None) -> dict:
+    config = {"algorithm": "dppca", "seed": 0, "step": 0, "run-key": "run-abc", "noise-multiplier": 12.4,
+              "sample-rate": 1.0, "limit-train": 400}
+    return config if data_dir is None else {**config, "data-dir": data_dir}
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_reads_its_own_data_folder_never_the_one_the_server_names(shared_data_dir, tmp_path):
+    from server.classic import Shares, _ask
+
+    # a folder the server names, holding an "MNIST" of its choosing (one copied image file would
+    # do; an empty folder is enough to show it is never opened: the reply is the same either way)
+    elsewhere = tmp_path / "server-chosen"
+    (elsewhere / "MNIST" / "raw").mkdir(parents=True)
+    replies = {}
+    for name, named in (("plain", None), ("named", str(elsewhere))):
+        shares = Shares()
+        total, accepted = _ask(_grid(tmp_path / name, shared_data_dir), _dppca_request(named), {}, 784 * 784,
+                               pca_event(12.4), shares)
+        assert accepted == 2 and not shares.refused
+        replies[name] = total
+    # same node seed, same ledger ordinal: the same draws on the same (the node's own) data
+    assert np.array_equal(replies["plain"], replies["named"])
+
+    # a node whose own folder lacks MNIST refuses, before booking, even when the server names real data
+    shares = Shares()
+    _, accepted = _ask(_grid(tmp_path / "bare", tmp_path / "empty"), _dppca_request(str(shared_data_dir)), {},
+                       784 * 784, pca_event(12.4), shares)
+    assert accepted == 0 and len(shares.refused) == 2 and all("MNIST" in r for r in shares.refused.values())
+    assert not _node_entries(tmp_path / "bare", 0) and not _node_entries(tmp_path / "bare", 1)
+
+
+def _federated_args(*extra: str):
+    from simulations.dppca import build_parser
+
+    return build_parser().parse_args(["--epsilon", "2", "--clients", "2", "--limit-train", "400", "--epochs", "2",
+                                      "--lot-size", "40", "--dims", "5", *extra])
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_federated_training_books_every_round_and_meets_epsilon_per_dp_accounting(shared_data_dir, tmp_path):
+    from clients.classic_app import flat_weights
+    from server.classic import DppcaTraining, federated_dppca
+    from simulations.dppca import pca_noise, training_plan
+
+    args = _federated_args()
+    sigma_p = pca_noise(args)
+    plan = training_plan(args, 400, pca_event(sigma_p))
+    q = plan.sample_rate(400)
+    training = DppcaTraining(rounds=2, steps=plan.steps_per_round(400), sample_rate=q, lot_size=q * 200,
+                             noise_multiplier=plan.noise_multiplier, max_grad_norm=1.0, lr=0.2)
+    grid = _grid(tmp_path, shared_data_dir)
+    seen = []
+    projection, model, shares = federated_dppca(grid, 0, sigma_p, 1.0, 5, 784, limit_train=400, training=training,
+                                                after_round=lambda r, m, p: seen.append(r))
+    assert not shares.refused and seen == [1, 2] and projection.shape == (784, 5)
+    # FedAvg: the model is the mean of the two nodes' last replies
+    last = [reply.content.array_records["values"]["values"].numpy() for reply in grid.log[-2:]]
+    assert np.allclose(flat_weights(model), np.mean(last, axis=0), atol=1e-6)
+    assert not np.allclose(last[0], last[1])  # each node trained on its own share, with its own noise
+
+    pca = dp_accounting.GaussianDpEvent(sigma_p)
+    one_round = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), training.steps)
+    for client in range(2):
+        entries = _node_entries(tmp_path, client)
+        assert len(entries) == 3  # the PCA, then one entry per round, all in the node's own ledger
+        ledger = PrivacyLedger.load(tmp_path / f"node{client}" / "ledger.json")
+        spent = _dp_accounting_epsilon([pca, one_round, one_round], 1e-5)
+        assert ledger.spent(str(client)) == pytest.approx(spent, rel=1e-6)
+        assert spent <= 2.0
+    # σ is not wastefully large: 3 % less noise would overspend
+    weaker = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.GaussianDpEvent(0.97 * plan.noise_multiplier)), training.steps)
+    assert _dp_accounting_epsilon([pca, weaker, weaker], 1e-5) > 2.0
+
+
+def _train_request(projection: np.ndarray, weights: np.ndarray | None = None) -> tuple[dict, dict]:
+    from clients.classic_app import flat_weights
+    from fedpriv.models import build_model
+
+    dims = projection.shape[1] if projection.ndim == 2 else 5
+    weights = flat_weights(build_model("mlp", 0, in_features=dims)) if weights is None else weights
+    config = {"algorithm": "dppca-train", "seed": 0, "step": 0, "run-key": "run-abc", "limit-train": 400,
+              "noise-multiplier": 4.0, "sample-rate": 0.1, "steps": 2, "lot-size": 20.0, "max-grad-norm": 1.0,
+              "lr": 0.1}
+    return config, {"projection": projection, "weights": weights}
+
+
+_orthonormal = np.linalg.qr(np.random.default_rng(0).normal(size=(784, 5)))[0]
+_nan = _orthonormal.copy()
+_nan[3, 2] = np.nan
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("projection, weights, reason", [
+    (_orthonormal[:700], None, "shape"),
+    (_orthonormal[:, 0], None, "shape"),
+    (_nan, None, "finite"),
+    (3 * _orthonormal, None, "orthonormal"),
+    (np.ones((784, 5)), None, "orthonormal"),
+    (_orthonormal, np.zeros(10), "weights"),
+])
+def test_an_untrusted_projection_or_weights_are_refused_before_booking(shared_data_dir, tmp_path, projection,
+                                                                       weights, reason):
+    from server.classic import Shares, _ask
+
+    config, arrays = _train_request(projection, weights)
+    shares = Shares()
+    _, accepted = _ask(_grid(tmp_path, shared_data_dir), config, arrays, len(arrays["weights"]),
+                       dpsgd_event(4.0, 0.1, 2), shares)
+    assert accepted == 0 and len(shares.refused) == 2 and all(reason in r for r in shares.refused.values())
+    assert not _node_entries(tmp_path, 0) and not _node_entries(tmp_path, 1)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_valid_projection_trains_and_books_the_round(shared_data_dir, tmp_path):
+    from server.classic import Shares, _ask
+
+    config, arrays = _train_request(_orthonormal)
+    shares = Shares()
+    _, accepted = _ask(_grid(tmp_path, shared_data_dir), config, arrays, len(arrays["weights"]),
+                       dpsgd_event(4.0, 0.1, 2), shares)
+    assert accepted == 2 and not shares.refused
+    assert list(_node_entries(tmp_path, 0).values()) == [(dpsgd_event(4.0, 0.1, 2),)]
+
+
+@pytest.mark.parametrize("projection, message", [
+    (np.eye(784)[:, :0], "shape"),
+    (np.eye(10), "shape"),
+    (np.full((784, 2), np.inf), "finite"),
+    (2 * np.eye(784)[:, :3], "orthonormal"),
+])
+def test_check_projection_refuses_what_is_not_an_orthonormal_basis(projection, message):
+    with pytest.raises(ValueError, match=message):
+        check_projection(projection, 784)
+    assert check_projection(_orthonormal, 784).dtype == torch.float32
