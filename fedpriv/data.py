@@ -30,6 +30,8 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 SKLEARN_TEST_FRACTION = 0.2
+IMAGE_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+TRAIN_SIZES = {"mnist": 60_000, "cifar10": 50_000}
 
 
 class TensorPair(NamedTuple):

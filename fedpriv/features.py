@@ -65,7 +65,7 @@ def scattering_features(
     _check(images)
     n, channels, height, width = images.shape
     scattering = _scattering(height, width, images.device)
-    shape = (channels * COEFFICIENTS, height // 2**SCALES, width // 2**SCALES)
+    shape = scattering_shape((channels, height, width))
     out = torch.empty((n, *shape), dtype=images.dtype, device=images.device)
     bar = tqdm(range(0, n, batch_size), desc="scattering features", unit="batch", leave=False,
                disable=None if progress is None else not progress)
@@ -73,6 +73,12 @@ def scattering_features(
         batch = images[start : start + batch_size]
         out[start : start + len(batch)] = scattering(batch.contiguous()).reshape(len(batch), *shape)
     return out
+
+
+def scattering_shape(image_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(C, H, W) → (81·C, H/4, W/4): the shape of one image's scattering coefficients."""
+    channels, height, width = image_shape
+    return channels * COEFFICIENTS, height // 2**SCALES, width // 2**SCALES
 
 
 def _check(images: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fedpriv.cache import CacheDir
-from fedpriv.features import COEFFICIENTS, cached_scattering_features
+from fedpriv.features import COEFFICIENTS, cached_scattering_features, scattering_shape
 from fedpriv.seeding import derive_seed
 
 
@@ -120,6 +120,20 @@ def model_inputs(
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     transform = _INPUT_TRANSFORMS.get(name)
     return images if transform is None else transform(images, cache_dir=cache_dir, progress=progress)
+
+
+_INPUT_SHAPES: dict[str, Callable[[tuple[int, int, int]], tuple[int, ...]]] = {
+    "scatter_linear": scattering_shape,
+}
+
+
+def input_shape(name: str, image_shape: tuple[int, int, int]) -> tuple[int, ...]:
+    """The shape of one of model ``name``'s inputs for an image of ``image_shape``
+    (what ``model_inputs`` gives per image), without computing any."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    shape = _INPUT_SHAPES.get(name)
+    return image_shape if shape is None else shape(image_shape)
 
 
 def build_model(name: str, seed: int, **kwargs: int) -> nn.Module:

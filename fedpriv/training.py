@@ -8,6 +8,10 @@ training is ``train_round(..., client=0, round_=epoch)`` for epoch = 1..E, so a
 single-client federated run with one local epoch per round and R = E rounds reproduces
 its final parameters bit for bit (``model_sha256``) and its privacy events exactly.
 
+The physical batch (micro-batch size) is the plan's ``max_physical_batch_size`` or, where
+that is None, the largest whose measured step memory fits the device
+(``fedpriv.dpsgd.memory``); it splits the computation of a lot, never the lot itself.
+
 Invariant: nothing here depends on state carried across rounds (no optimizer state, no
 LR schedule outside ``plan``); everything a round needs is (plan, seed, client, round_).
 """
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import Clipping, DPSGDConfig, TrainReport, steps_per_epoch, train_dpsgd
+from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
 from fedpriv.models import MODELS
 from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event
 from fedpriv.privacy.events import DpEvent
@@ -60,6 +65,7 @@ class TrainingPlan:
     1..``lr_decay_rounds`` (which the runner sets to its number of rounds or epochs; 0
     means no horizon yet: constant). The LR is a function of the round only, so a
     federated client applies the very same schedule as a centralized run.
+    ``max_physical_batch_size`` None: chosen per device before training (``with_physical_batch``).
     """
 
     model: str
@@ -70,7 +76,7 @@ class TrainingPlan:
     momentum: float = 0.9
     optimizer: OptimizerKind | str = OptimizerKind.SGD
     local_epochs: int = 1
-    max_physical_batch_size: int = 512
+    max_physical_batch_size: int | None = None
     clipping: Clipping | str = Clipping.FLAT
     lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
     lr_decay_rounds: int = 0
@@ -94,7 +100,8 @@ class TrainingPlan:
         object.__setattr__(self, "optimizer", OptimizerKind(self.optimizer))
         object.__setattr__(self, "lr_schedule", LRSchedule(self.lr_schedule))
         # σ, C, physical batch size and clipping are the engine's to validate, once.
-        object.__setattr__(self, "clipping", self.dpsgd_config(num_examples=self.lot_size).clipping)
+        config = self.dpsgd_config(num_examples=self.lot_size, physical_batch=1)
+        object.__setattr__(self, "clipping", config.clipping)
 
     @property
     def private(self) -> bool:
@@ -126,13 +133,18 @@ class TrainingPlan:
         q = self.sample_rate(num_examples)
         return (dpsgd_event(self.noise_multiplier, q, self.steps_per_round(num_examples)),)
 
-    def dpsgd_config(self, num_examples: int) -> DPSGDConfig:
-        """The engine's config for a local data set of ``num_examples``."""
+    def dpsgd_config(self, num_examples: int, physical_batch: int | None = None) -> DPSGDConfig:
+        """The engine's config for a local data set of ``num_examples``; its micro-batches
+        hold ``max_physical_batch_size`` examples or, where the plan leaves that open (None),
+        ``physical_batch``."""
+        size = physical_batch if self.max_physical_batch_size is None else self.max_physical_batch_size
+        if size is None:
+            raise ValueError("the plan leaves the physical batch open: pass physical_batch (with_physical_batch)")
         return DPSGDConfig(
             noise_multiplier=self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             sample_rate=self.sample_rate(num_examples),
-            max_physical_batch_size=self.max_physical_batch_size,
+            max_physical_batch_size=size,
             clipping=self.clipping,
         )
 
@@ -145,7 +157,7 @@ class TrainingPlan:
 # lots, small C, high LR with momentum. σ is calibrated per run (calibrate_plan).
 _DEFAULT_PLANS: dict[str, TrainingPlan] = {
     "mnist": TrainingPlan(model="scatter_linear", lot_size=4096, max_grad_norm=0.1, noise_multiplier=1.0,
-                          lr=4.0, max_physical_batch_size=4096),
+                          lr=4.0),
     "cifar10": TrainingPlan(model="cifar_cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0,
                             lr_schedule=LRSchedule.COSINE),
 }
@@ -191,6 +203,30 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+_STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
+
+
+def with_physical_batch(
+    plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False
+) -> TrainingPlan:
+    """``plan`` with a physical batch: its own, or the largest whose measured step (with the
+    plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
+    ``device_budget(device)``, at most ``len(features)``.  ``model`` is on ``device``; its
+    step memory is measured once per process for each kind of step."""
+    if plan.max_physical_batch_size is not None:
+        return plan
+    device = torch.device(device)
+    config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
+    sample_shape = tuple(features.shape[1:])
+    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device)
+    if key not in _STEP_MEMORY:
+        _STEP_MEMORY[key] = measure_step_memory(
+            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype
+        )
+    size = fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features))
+    return dataclasses.replace(plan, max_physical_batch_size=size)
+
+
 def make_optimizer(model: nn.Module, plan: TrainingPlan, round_: int) -> torch.optim.Optimizer:
     """A fresh optimizer for round ``round_`` (no state crosses rounds)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -225,6 +261,7 @@ def train_round(
     q = ``plan.sample_rate(ñ)``, ``plan.steps_per_round(ñ)`` steps, and the noisy clipped
     sum divided by q·ñ, so nothing but ñ depends on the private N = ``len(labels)``.
     None means ñ = N (a public N; the centralized run and simulations).
+    A plan without a physical batch gets one for ``device`` (``with_physical_batch``).
     """
     if num_examples is None:
         num_examples = len(labels)
@@ -233,7 +270,7 @@ def train_round(
     device = torch.device(device)
     model.to(device)
     features, labels = features.to(device), labels.to(device)
-    config = plan.dpsgd_config(num_examples)
+    config = with_physical_batch(plan, model, features, device, secure).dpsgd_config(num_examples)
     if secure:
         config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
     else:

@@ -49,6 +49,7 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
         settings.dataset, model=settings.model, lot_size=settings.lot_size, lr=settings.lr,
         max_grad_norm=settings.max_grad_norm, noise_multiplier=settings.noise_multiplier,
         lr_schedule=settings.lr_schedule, local_epochs=settings.local_epochs, lr_decay_rounds=settings.rounds,
+        max_physical_batch_size=settings.max_physical_batch,
     )
 
 

@@ -106,6 +106,12 @@ def write_out(out: Path | None, text: str) -> None:
         out.write_text(text + "\n")
 
 
+def add_max_physical_batch(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-physical-batch", type=at_least(1), metavar="N",
+                        help="examples per micro-batch of a lot: memory and speed, never privacy "
+                             "(default: the most that fit the device's memory, from a measured step)")
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help=CACHE_HELP)
 
@@ -174,6 +180,7 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--max-grad-norm", type=positive, help=f"clipping norm C ({plan})")
     p.add_argument("--lr", type=positive, help=f"learning rate ({plan})")
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], help=plan)
+    add_max_physical_batch(p)
     p.add_argument("--model", metavar="NAME", help=f"a fedpriv.models name ({plan})")
     p.add_argument("--fraction-train", type=probability,
                    help=f"fraction of clients sampled per round (default: {d['fraction-train']})")
@@ -199,7 +206,8 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")
-    p.add_argument("--gpus-per-client", type=non_negative, help="default: 0.25 when CUDA is available, else 0")
+    p.add_argument("--gpus-per-client", type=non_negative,
+                   help="default with CUDA: the share of the GPU a client's measured DP-SGD step needs; else 0")
     add_cache_dir(p)
     return p
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
@@ -48,8 +49,8 @@ from simulations._ray import ray_cluster
 _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
-    "max-grad-norm", "lr", "lr-schedule", "model", "fraction-train", "fraction-evaluate", "epsilon-budget",
-    "client-epsilon-budget", "download", "state-dir", "resume",
+    "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
+    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume",
 )
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
@@ -135,18 +136,21 @@ def node_policy_env(policy: Mapping[str, Any], state_dir: Path) -> Iterator[Path
             os.environ[POLICY_ENV] = saved
 
 
-def backend_config(args: argparse.Namespace) -> dict[str, Any]:
+def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str, Any]:
     """Ray resources: the cores shared out (one per client once there are at least as many
-    clients as torch threads), a GPU fraction when CUDA is there. Ray sets each client's
-    OMP_NUM_THREADS to its CPUs, so a single client trains with the thread count of
-    ``simulations.centralized`` — and float results depend on the thread count."""
+    clients as torch threads), and with CUDA the share of a GPU one client's measured step
+    needs (``simulations._gpu``). Ray sets each client's OMP_NUM_THREADS to its CPUs, so a
+    single client trains with the thread count of ``simulations.centralized`` — and float
+    results depend on the thread count."""
     cpus = args.cpus_per_client or max(1, torch.get_num_threads() // args.clients)
     gpus = args.gpus_per_client
-    if gpus is None:
-        gpus = 0.25 if torch.cuda.is_available() else 0.0
+    if gpus is None and torch.cuda.is_available():
+        from simulations._gpu import client_gpu_fraction
+
+        gpus = client_gpu_fraction(settings, args.clients, torch.cuda.get_device_properties(0).total_memory)
     init_args: dict[str, Any] = {"address": args.ray_address} if args.ray_address else {}
     return {
-        "client_resources": {"num_cpus": cpus, "num_gpus": gpus},
+        "client_resources": {"num_cpus": cpus, "num_gpus": gpus or 0.0},
         "init_args": init_args,
     }
 
@@ -174,9 +178,11 @@ def simulate(
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
     backend = backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {}}
-    policy = {POLICY_ENV: os.environ[POLICY_ENV]} if POLICY_ENV in os.environ else {}
+    env = {POLICY_ENV: os.environ[POLICY_ENV]} if POLICY_ENV in os.environ else {}
+    if backend["client_resources"].get("num_gpus"):  # each client plans its memory within its share
+        env[GPU_SHARE_ENV] = str(min(1.0, backend["client_resources"]["num_gpus"]))
     start = time.perf_counter()
-    with ray_cluster(backend.get("init_args", {}), policy):  # bounded start; Flower uses it
+    with ray_cluster(backend.get("init_args", {}), env):  # bounded start; Flower uses it
         _run_simulation(
             num_supernodes=num_clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
@@ -210,7 +216,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
         stack.enter_context(node_policy_env(policy, state_dir))
-        wall = simulate(args.clients, overrides, backend_config(args))
+        wall = simulate(args.clients, overrides, backend_config(args, settings))
     out = Path(overrides["out"])
     results_path = out / "results.json"
     if not results_path.exists():

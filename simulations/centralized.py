@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import Parser, add_cache_dir, at_least, delta, positive, use_cache_dir, write_out
+from simulations._cli import (
+    Parser,
+    add_cache_dir,
+    add_max_physical_batch,
+    at_least,
+    delta,
+    positive,
+    use_cache_dir,
+    write_out,
+)
 
 if TYPE_CHECKING:
     from fedpriv.training import TrainingPlan
@@ -48,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=positive)
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
     p.add_argument("--max-grad-norm", type=positive)
+    add_max_physical_batch(p)
     p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--data-dir", help="root folder of the data sets (default ~/.cache/fedpriv)")
     p.add_argument("--download", action="store_true", help="download the data set if missing")
@@ -63,7 +73,7 @@ def plan_from_args(args: argparse.Namespace) -> TrainingPlan:
 
     plan = default_plan(args.dataset, model=args.model, lot_size=args.lot_size, lr=args.lr,
                         lr_schedule=args.lr_schedule, max_grad_norm=args.max_grad_norm,
-                        noise_multiplier=args.noise_multiplier)
+                        noise_multiplier=args.noise_multiplier, max_physical_batch_size=args.max_physical_batch)
     return plan.non_private() if args.non_private else plan
 
 
@@ -82,6 +92,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         evaluate,
         model_sha256,
         train_round,
+        with_physical_batch,
     )
 
     device = default_device()
@@ -103,7 +114,8 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         epochs = args.epochs or default_epochs(args.dataset, None)
 
     plan = dataclasses.replace(plan, lr_decay_rounds=epochs)
-    model = build_model(plan.model, args.seed)
+    model = build_model(plan.model, args.seed).to(device)
+    plan = with_physical_batch(plan, model, train_inputs, device)  # once: the same for every epoch
     start = time.perf_counter()
     events = []
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
@@ -128,6 +140,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         "lot_size": plan.lot_size,
         "expected_lot_size": plan.sample_rate(num_examples) * num_examples,
         "lr": plan.lr,
+        "max_physical_batch": plan.max_physical_batch_size,
         "epochs": epochs,
         "steps": epochs * plan.steps_per_round(num_examples),
         "num_examples": num_examples,

@@ -55,6 +55,7 @@ class RunSettings:
     max_grad_norm: float | None = None
     lr: float | None = None
     lr_schedule: LRSchedule | None = None
+    max_physical_batch: int | None = None
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     partition: Partition = Partition.IID
@@ -89,6 +90,9 @@ class RunSettings:
             raise SettingsError(f"fraction-train must be in (0, 1], got {self.fraction_train}")
         if not 0 <= self.fraction_evaluate <= 1:
             raise SettingsError(f"fraction-evaluate must be in [0, 1], got {self.fraction_evaluate}")
+        if self.max_physical_batch is not None and self.max_physical_batch < 1:
+            raise SettingsError(f"max-physical-batch must be >= 1 (0: chosen to fit each node's memory), "
+                                f"got {self.max_physical_batch}")
         if self.alpha <= 0:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
         if self.resume and not self.state_dir:
@@ -116,9 +120,10 @@ class RunSettings:
 
 _UNSET_IF_ZERO = {
     "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
-    "max_grad_norm", "lr", "limit_train", "limit_test",
+    "max_grad_norm", "lr", "limit_train", "limit_test", "max_physical_batch",
 }
-_INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test"}
+_INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test",
+         "max_physical_batch"}
 
 
 def _parse(field: str, value: Any) -> Any:
