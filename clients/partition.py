@@ -10,8 +10,6 @@ every process — the server could recompute any client's N, but asks instead.
 
 from __future__ import annotations
 
-import functools
-
 import datasets
 import numpy as np
 import torch
@@ -29,27 +27,41 @@ SHARDS_PER_CLIENT = 2  # McMahan et al.'s pathological non-IID split
 datasets.disable_progress_bars()
 
 
-def partition_indices(
-    labels: torch.Tensor, scheme: Partition, num_partitions: int, partition_id: int,
-    alpha: float, seed: int,
-) -> np.ndarray:
-    """Indices (ascending) of partition ``partition_id`` of ``num_partitions``."""
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
-    if num_partitions == 1:
-        return np.arange(len(labels))
-    key = (tuple(labels.tolist()), scheme, num_partitions, alpha, seed)
-    part = _partitioner(*key).load_partition(partition_id)
-    return np.sort(np.asarray(part["index"], dtype=np.int64))
+class Split:
+    """One data set's labels split into ``num_partitions``: the partitioner is built once,
+    each partition's indices are computed on first use and kept (a few ints per record).
+    A process that serves many partitions keeps one ``Split`` per data set
+    (``clients.task``) instead of re-keying the partitioner by the labels on every call."""
+
+    def __init__(self, labels: torch.Tensor, scheme: Partition, num_partitions: int, alpha: float,
+                 seed: int) -> None:
+        self.num_partitions = num_partitions
+        self._size = len(labels)
+        self._partitioner = None if num_partitions == 1 else \
+            _partitioner(labels.tolist(), scheme, num_partitions, alpha, seed)
+        self._indices: dict[int, np.ndarray] = {}
+
+    def indices(self, partition_id: int) -> np.ndarray:
+        """Indices (ascending) of partition ``partition_id``; read-only (shared by every caller)."""
+        if not 0 <= partition_id < self.num_partitions:
+            raise ValueError(f"partition id {partition_id} not in [0, {self.num_partitions})")
+        if partition_id not in self._indices:
+            if self._partitioner is None:
+                idx = np.arange(self._size)
+            else:
+                part = self._partitioner.load_partition(partition_id)
+                idx = np.sort(np.asarray(part["index"], dtype=np.int64))
+            idx.flags.writeable = False
+            self._indices[partition_id] = idx
+        return self._indices[partition_id]
 
 
-@functools.lru_cache(maxsize=4)
 def _partitioner(
-    labels: tuple[int, ...], scheme: Partition, num_partitions: int, alpha: float, seed: int
+    labels: list[int], scheme: Partition, num_partitions: int, alpha: float, seed: int
 ) -> Partitioner:
-    """A partitioner bound to its data set; cached so each process splits only once."""
+    """A partitioner bound to its data set."""
     part_seed = derive_seed(seed, "partition") % 2**32
-    table = datasets.Dataset.from_dict({"index": np.arange(len(labels)), "label": list(labels)})
+    table = datasets.Dataset.from_dict({"index": np.arange(len(labels)), "label": labels})
     partitioner: Partitioner
     if scheme is Partition.IID:
         partitioner = IidPartitioner(num_partitions)

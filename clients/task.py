@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.partition import partition_indices
+from clients.partition import Split
 from clients.releases import book, noisy_evaluation, released_size, stored_size
 from fedpriv.data import TensorPair, load_dataset
 from fedpriv.federation import protocol
@@ -34,14 +34,21 @@ def _dataset(name: str, data_dir: str | None, train: bool, download: bool, limit
     return load_dataset(name, data_dir, train=train, download=download, limit=limit)
 
 
+@functools.lru_cache(maxsize=4)
+def _split(settings: RunSettings, num_partitions: int, train: bool) -> Split:
+    """The run's split of the training (or test) set; one per process, however many
+    partitions (simulated nodes) the process serves."""
+    limit = settings.limit_train if train else settings.limit_test
+    full = _dataset(settings.dataset, settings.data_dir, train, settings.download, limit)
+    return Split(full.labels, settings.partition, num_partitions, settings.alpha, settings.seed)
+
+
 @functools.lru_cache(maxsize=32)
 def _partition(settings: RunSettings, partition_id: int, num_partitions: int, train: bool,
                model: str | None) -> TensorPair:
     limit = settings.limit_train if train else settings.limit_test
     full = _dataset(settings.dataset, settings.data_dir, train, settings.download, limit)
-    idx = partition_indices(full.labels, settings.partition, num_partitions, partition_id,
-                            settings.alpha, settings.seed)
-    index = torch.from_numpy(idx)
+    index = torch.tensor(_split(settings, num_partitions, train).indices(partition_id))
     features = full.features[index]
     return TensorPair(features if model is None else model_inputs(model, features), full.labels[index])
 

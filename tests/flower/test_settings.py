@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedpriv.federation.settings import Partition, RunSettings, SettingsError
-from clients.partition import partition_indices
+from clients.partition import Split
 from simulations._federated import PROJECT_ROOT
 
 
@@ -35,13 +35,14 @@ def test_kebab_keys_typed_and_validated():
 @pytest.mark.parametrize("scheme", list(Partition))
 def test_partitions_disjoint_cover_sorted_and_reproducible(scheme):
     labels = torch.from_numpy(np.random.default_rng(0).integers(0, 10, 600))
-    parts = [partition_indices(labels, scheme, 4, i, alpha=0.5, seed=3) for i in range(4)]
+    split = Split(labels, scheme, 4, alpha=0.5, seed=3)
+    parts = [split.indices(i) for i in range(4)]
     joined = np.concatenate(parts)
     assert len(set(joined.tolist())) == len(joined)
     assert all((np.diff(p) > 0).all() for p in parts)
-    again = partition_indices(labels, scheme, 4, 2, alpha=0.5, seed=3)
+    again = Split(labels, scheme, 4, alpha=0.5, seed=3).indices(2)
     np.testing.assert_array_equal(again, parts[2])
     if scheme is Partition.IID:
         assert len(joined) == 600 and {len(p) for p in parts} == {150}
-    single = partition_indices(labels, scheme, 1, 0, alpha=0.5, seed=3)
+    single = Split(labels, scheme, 1, alpha=0.5, seed=3).indices(0)
     np.testing.assert_array_equal(single, np.arange(600))
