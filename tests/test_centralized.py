@@ -131,6 +131,7 @@ def test_command_end_to_end(shared_data_dir: Path, tmp_path: Path) -> None:
     assert KEYS <= result.keys()
     assert 0 < result["epsilon"] <= 2 and result["delta"] == 1e-5
     assert result["sample_rate"] == 0.2 and result["steps"] == 5
+    assert result["max_physical_batch"] == 500  # chosen to fit: here every lot in one micro-batch
 
 
 def test_command_same_seed_same_model_and_non_private(shared_data_dir: Path, capsys) -> None:
@@ -146,6 +147,7 @@ def test_command_same_seed_same_model_and_non_private(shared_data_dir: Path, cap
     (["--target-epsilon", "-1"], "must be > 0"),
     (["--target-epsilon", "1", "--noise-multiplier", "1"], "not allowed with"),
     (["--dataset", "svhn"], "invalid choice"),
+    (["--max-physical-batch", "0"], "argument --max-physical-batch: must be >= 1"),
     (["--data-dir", "/nonexistent/fedpriv"], "--download"),
 ])
 def test_command_errors(flags: list[str], message: str, capsys) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedpriv.models import MODELS, build_model, model_inputs
+from fedpriv.models import MODELS, build_model, input_shape, model_inputs
 
 IMAGES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32), "scatter_linear": (1, 28, 28)}
 
@@ -19,6 +19,11 @@ def test_output_shape_and_no_batchnorm(name: str) -> None:
     inputs = model_inputs(name, torch.rand(4, *IMAGES[name]))
     assert model(inputs).shape == (4, 10)
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_input_shape_is_what_model_inputs_gives(name: str) -> None:
+    assert model_inputs(name, torch.rand(2, *IMAGES[name])).shape[1:] == input_shape(name, IMAGES[name])
 
 
 def test_parameter_counts() -> None:

@@ -32,6 +32,18 @@ def test_kebab_keys_typed_and_validated():
         RunSettings.from_run_config({"target-epsilon": 1.0, "noise-multiplier": 1.0})
 
 
+def test_max_physical_batch_reaches_the_plan_the_nodes_read():
+    from fedpriv.federation.protocol import plan_config, read_plan
+    from server.assign import base_plan
+
+    auto = RunSettings.from_run_config({"max-physical-batch": 0})
+    assert auto.max_physical_batch is None and read_plan(plan_config(base_plan(auto))).max_physical_batch_size is None
+    forced = RunSettings.from_run_config({"max-physical-batch": 64})
+    assert read_plan(plan_config(base_plan(forced))).max_physical_batch_size == 64
+    with pytest.raises(SettingsError, match="max-physical-batch must be >= 1"):
+        RunSettings.from_run_config({"max-physical-batch": -3})
+
+
 @pytest.mark.parametrize("scheme", list(Partition))
 def test_partitions_disjoint_cover_sorted_and_reproducible(scheme):
     labels = torch.from_numpy(np.random.default_rng(0).integers(0, 10, 600))
