@@ -40,7 +40,9 @@ def client_gpu_fraction(settings: RunSettings, num_clients: int, total_bytes: in
     model = build_model(plan.model, settings.seed)
     memory = measure_step_memory(model, shape, plan.dpsgd_config(held, physical_batch=1),
                                  optimizer=lambda m: make_optimizer(m, plan, 1))
-    batch = min(plan.max_physical_batch_size or likely_largest_lot(plan.lot_size), held)
+    # without a lot-size, the server shares the plan's lot out in proportion to the data
+    expected_lot = plan.lot_size if settings.lot_size else plan.lot_size * held / train_size
+    batch = min(plan.max_physical_batch_size or likely_largest_lot(expected_lot), held)
     example_bytes = 4 * math.prod(shape) + 8  # float32 features, int64 label
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return gpu_fraction(memory.bytes_at(batch), model_bytes + held * example_bytes, total_bytes)
