@@ -20,5 +20,8 @@ def test_share_grows_with_the_step_and_shrinks_with_the_gpu() -> None:
     assert client_gpu_fraction(auto, 10, 80 * GIB) == pytest.approx(0.05)  # context, MLP, 6k examples
     assert client_gpu_fraction(auto, 10, 2 * GIB) == pytest.approx(0.3)  # (0.5 GiB + ~20 MiB) / 2 GiB
     assert client_gpu_fraction(big_batch, 10, 2 * GIB) > client_gpu_fraction(auto, 10, 2 * GIB)
-    cifar = RunSettings.from_run_config({"dataset": "cifar10"})  # lots of ~1,150 examples × 3.6 MB
-    assert client_gpu_fraction(cifar, 10, 4 * GIB) == 1.0 > client_gpu_fraction(cifar, 10, 80 * GIB)
+    # CIFAR's CNN, 3.6 MB an example: the plan's lot of 1,024 shared out (102 a client), or per client
+    shared = RunSettings.from_run_config({"dataset": "cifar10"})
+    own = RunSettings.from_run_config({"dataset": "cifar10", "lot-size": 1024})
+    assert client_gpu_fraction(shared, 10, 4 * GIB) == pytest.approx(0.3)  # (0.5 + 0.06 + 0.5/0.8) / 4 GiB
+    assert client_gpu_fraction(own, 10, 4 * GIB) == 1.0 > client_gpu_fraction(own, 10, 80 * GIB)
