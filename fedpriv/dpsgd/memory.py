@@ -171,8 +171,9 @@ def device_budget(device: torch.device | str) -> int:
         free, total = torch.cuda.mem_get_info(device)
         return cuda_budget(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device),
                            gpu_share())
-    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
-    return cpu_budget(None if pages is None else pages * os.sysconf("SC_PAGE_SIZE"))
+    if "SC_AVPHYS_PAGES" not in getattr(os, "sysconf_names", {}):  # not Linux: free RAM unknown
+        return cpu_budget(None)
+    return cpu_budget(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def cpu_budget(available_bytes: int | None) -> int:
