@@ -293,7 +293,7 @@ def test_federated_training_books_every_round_and_meets_epsilon_per_dp_accountin
     assert _dp_accounting_epsilon([pca, rounds(0.97 * plan.noise_multiplier)], 1e-5) > 2.0
 
 
-def _train_request(projection: np.ndarray, weights: np.ndarray | None = None) -> tuple[dict, dict]:
+def _train_request(projection: np.ndarray, weights: np.ndarray | None = None, **overrides) -> tuple[dict, dict]:
     from clients.classic_app import flat_weights
     from fedpriv.models import build_model
 
@@ -301,7 +301,7 @@ def _train_request(projection: np.ndarray, weights: np.ndarray | None = None) ->
     weights = flat_weights(build_model("mlp", 0, in_features=dims)) if weights is None else weights
     config = {"algorithm": "dppca-train", "seed": 0, "step": 0, "run-key": "run-abc", "limit-train": 400,
               "noise-multiplier": 4.0, "sample-rate": 0.1, "steps": 2, "lot-size": 20.0, "max-grad-norm": 1.0,
-              "lr": 0.1}
+              "lr": 0.1, **overrides}
     return config, {"projection": projection, "weights": weights}
 
 
@@ -311,19 +311,22 @@ _nan[3, 2] = np.nan
 
 
 @pytest.mark.usefixtures("task_identity")
-@pytest.mark.parametrize("projection, weights, reason", [
-    (_orthonormal[:700], None, "shape"),
-    (_orthonormal[:, 0], None, "shape"),
-    (_nan, None, "finite"),
-    (3 * _orthonormal, None, "orthonormal"),
-    (np.ones((784, 5)), None, "orthonormal"),
-    (_orthonormal, np.zeros(10), "weights"),
+@pytest.mark.parametrize("projection, weights, reason, overrides", [
+    (_orthonormal[:700], None, "shape", None),
+    (_orthonormal[:, 0], None, "shape", None),
+    (_nan, None, "finite", None),
+    (3 * _orthonormal, None, "orthonormal", None),
+    (np.ones((784, 5)), None, "orthonormal", None),
+    (_orthonormal, np.zeros(10), "weights", None),
+    (_orthonormal, None, "budget", {"noise-multiplier": 0.0}),  # a noiseless round costs ε = ∞
+    (_orthonormal, None, "limit-train", {"limit-train": -1}),
+    (_orthonormal, None, "steps", {"steps": 0}),
 ])
-def test_an_untrusted_projection_or_weights_are_refused_before_booking(shared_data_dir, tmp_path, projection,
-                                                                       weights, reason):
+def test_an_untrusted_projection_or_request_is_refused_before_booking(shared_data_dir, tmp_path, projection,
+                                                                      weights, reason, overrides):
     from server.classic import Shares, _ask
 
-    config, arrays = _train_request(projection, weights)
+    config, arrays = _train_request(projection, weights, **(overrides or {}))
     shares = Shares()
     _, accepted = _ask(_grid(tmp_path, shared_data_dir), config, arrays, len(arrays["weights"]),
                        dpsgd_event(4.0, 0.1, 2), shares)
