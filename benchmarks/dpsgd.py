@@ -8,7 +8,10 @@ q = 1, so every Poisson lot is the whole batch (sampling and gathering included)
 runs ``make_private`` without Poisson sampling on the same tensors, in each of its modes.
 Implementations are measured round-robin, ``repeats`` times, each time in chunks of a few
 steps, and the fastest chunk of each is kept: the machine is shared, and the fastest chunk
-is the least disturbed one.  On a crowded machine ``--threads 1 --clock cpu`` (process CPU
+is the least disturbed one.  ``breakdown`` then says where fedpriv's step time goes: each
+model's steps run under ``torch.profiler``, summed over the engine's labelled stages
+(``fedpriv.dpsgd.engine.STAGES``: lot, noise, clipped sum, update), beside the
+non-private step's time from the same profile.  On a crowded machine ``--threads 1 --clock cpu`` (process CPU
 time instead of wall time) gives steadier ratios; samples_per_s is then per CPU-second.
 """
 
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
+from fedpriv.dpsgd.engine import STAGES
 from fedpriv.models import build_model
 from simulations._cli import Parser, at_least
 
@@ -161,7 +165,37 @@ def benchmark(quick: bool, clock: Callable[[], float]) -> dict:
     cases += [
         {"model": m, "impl": i, "samples_per_s": None, "skipped": why} for (m, i), why in skipped.items()
     ]
-    return {"cases": cases, "ratios": {m: _ratios(best, m) for m in MODELS}}
+    breakdown = {m: stage_breakdown(m, x, y, device) for m in MODELS}
+    return {"cases": cases, "ratios": {m: _ratios(best, m) for m in MODELS}, "breakdown": breakdown}
+
+
+PROFILED_STEPS = 20
+
+
+def stage_breakdown(
+    model_name: str, x: torch.Tensor, y: torch.Tensor, device: torch.device, steps: int = PROFILED_STEPS
+) -> dict:
+    """ms per step of each fedpriv stage and of the non-private step, from one profile of
+    ``steps`` steps of each (after a warm-up); profiling adds a little to both."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fedpriv_run = fedpriv("auto")(build_model(model_name, seed=0).to(device), x, y)
+    plain_run = non_private(build_model(model_name, seed=0).to(device), x, y)
+    fedpriv_run(2), plain_run(2)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        with torch.profiler.record_function("nonprivate.step"):
+            plain_run(steps)
+            _sync(device)
+        with torch.profiler.record_function("fedpriv.step"):
+            fedpriv_run(steps)
+            _sync(device)
+    totals = {e.key: e.cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    stages = {name.removeprefix("dpsgd."): totals.get(name, 0.0) for name in STAGES}
+    stages["other"] = totals["fedpriv.step"] - sum(stages.values())  # set-up, loop, progress bar
+    return {"nonprivate_step_ms": round(totals["nonprivate.step"], 3),
+            "fedpriv_step_ms": round(totals["fedpriv.step"], 3),
+            "fedpriv_stages_ms": {name: round(ms, 3) for name, ms in stages.items()}}
 
 
 def _ratios(best: dict[tuple[str, str], float], model: str) -> dict[str, float | None]:
@@ -182,6 +216,10 @@ def print_table(result: dict) -> None:
     print(f"\n{'model':<6} {'vs non-private':>15} {'vs Opacus best':>15}")
     for model, ratio in result["ratios"].items():
         print(f"{model:<6} {ratio['vs_nonprivate']!s:>15} {ratio['vs_opacus_best']!s:>15}")
+    print("\nwhere a step's time goes (ms, profiled):")
+    for model, parts in result["breakdown"].items():
+        stages = ", ".join(f"{k} {v}" for k, v in parts["fedpriv_stages_ms"].items())
+        print(f"{model:<6} non-private {parts['nonprivate_step_ms']}; fedpriv {parts['fedpriv_step_ms']}: {stages}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,9 @@ gradients — and hence per-example clipping — would be meaningless).
   (``fedpriv.features``), 39,700 parameters for MNIST. Its inputs are
   ``model_inputs("scatter_linear", images)``, computed once per data set, not per step,
   and cached on disk (``fedpriv.features.cached_scattering_features``).
+- ``scatter_cnn``: Tramèr & Boneh 2021's ScatterNet+CNN for MNIST: the same normalised
+  scattering coefficients into two tanh 3×3 convolutions (16 channels, stride 2; 32) and
+  a 32-unit tanh classifier, 33,066 parameters.
 
 Initialisation is reproducible: ``build_model(name, seed)`` seeds torch's global RNG
 with ``derive_seed(seed, "model")`` inside ``torch.random.fork_rng`` so the caller's RNG
@@ -92,11 +95,30 @@ def scatter_linear(
     )
 
 
+def scatter_cnn(
+    channels: int = COEFFICIENTS, size: tuple[int, int] = (7, 7), num_classes: int = 10, groups: int = 27
+) -> nn.Module:
+    """GroupNorm (no parameters) → Conv 3×3/2 (16) → tanh → Conv 3×3 (32) → tanh → Linear 32 → tanh → Linear."""
+    height, width = (size[0] + 1) // 2, (size[1] + 1) // 2
+    return nn.Sequential(
+        nn.GroupNorm(groups, channels, affine=False),
+        nn.Conv2d(channels, 16, 3, stride=2, padding=1),
+        nn.Tanh(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(32 * height * width, 32),
+        nn.Tanh(),
+        nn.Linear(32, num_classes),
+    )
+
+
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp": mlp,
     "cnn": mnist_cnn,
     "cifar_cnn": cifar_cnn,
     "scatter_linear": scatter_linear,
+    "scatter_cnn": scatter_cnn,
 }
 MODELS: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -104,6 +126,7 @@ MODELS: tuple[str, ...] = tuple(_BUILDERS)
 # cached on disk: each takes (images, cache_dir=..., progress=...).
 _INPUT_TRANSFORMS: dict[str, Callable[..., torch.Tensor]] = {
     "scatter_linear": cached_scattering_features,
+    "scatter_cnn": cached_scattering_features,
 }
 
 
@@ -124,6 +147,7 @@ def model_inputs(
 
 _INPUT_SHAPES: dict[str, Callable[[tuple[int, int, int]], tuple[int, ...]]] = {
     "scatter_linear": scattering_shape,
+    "scatter_cnn": scattering_shape,
 }
 
 

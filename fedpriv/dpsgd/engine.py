@@ -25,6 +25,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
@@ -35,6 +36,9 @@ from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
 from fedpriv.dpsgd.sampling import micro_batches, poisson_lot, secure_poisson_lot
 from fedpriv.privacy.events import DpEvent, dpsgd_event
+
+STAGES = (LOT, NOISE, CLIPPED_SUM, UPDATE) = ("dpsgd.lot", "dpsgd.noise", "dpsgd.clipped_sum", "dpsgd.update")
+"""Each step's stages as labelled for ``torch.profiler`` (where the time goes: ``benchmarks.dpsgd``)."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,15 @@ def train_dpsgd(
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
         for _ in tqdm(range(steps), desc="DP-SGD", disable=not progress):
-            lot = draw_lot()
-            fill_gaussian_noise_(flat, config.noise_std, noise_generator, config.secure_mode)
-            loss_total += add_clipped_sums_(clipped_sum, features, labels, lot, grads, config)
-            flat.div_(divisor)
-            apply_gradients(params, grads, optimizer)
+            with record_function(LOT):
+                lot = draw_lot()
+            with record_function(NOISE):
+                fill_gaussian_noise_(flat, config.noise_std, noise_generator, config.secure_mode)
+            with record_function(CLIPPED_SUM):
+                loss_total += add_clipped_sums_(clipped_sum, features, labels, lot, grads, config)
+            with record_function(UPDATE):
+                flat.div_(divisor)
+                apply_gradients(params, grads, optimizer)
             examples_seen += lot.numel()
     mean_loss = loss_total.item() / examples_seen if examples_seen else float("nan")
     event = dpsgd_event(config.noise_multiplier, config.sample_rate, steps)
