@@ -6,7 +6,8 @@ from torch import nn
 
 from fedpriv.models import MODELS, build_model, input_shape, model_inputs
 
-IMAGES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32), "scatter_linear": (1, 28, 28)}
+IMAGES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32), "scatter_linear": (1, 28, 28),
+          "scatter_cnn": (1, 28, 28)}
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -31,6 +32,7 @@ def test_parameter_counts() -> None:
     assert count(build_model("mlp", 0)) == 795_010  # 784·1000 + 1000 + 1000·10 + 10
     assert count(build_model("cnn", 0)) == 26_010
     assert count(build_model("scatter_linear", 0)) == 81 * 7 * 7 * 10 + 10
+    assert count(build_model("scatter_cnn", 0)) == (81 * 9 * 16 + 16) + (16 * 9 * 32 + 32) + (32 * 4 * 4 * 32 + 32) + 330
     assert count(build_model("mlp", 0, in_features=60)) == 60 * 1000 + 1000 + 10_010
 
 
@@ -55,7 +57,8 @@ def test_unknown_model() -> None:
         model_inputs("resnet", torch.zeros(1, 1, 28, 28))
 
 
-def test_only_scatter_linear_transforms_its_inputs() -> None:
+def test_only_the_scatter_models_transform_their_inputs() -> None:
     images = torch.rand(2, 1, 28, 28)
     assert model_inputs("cnn", images) is images
     assert model_inputs("scatter_linear", images).shape == (2, 81, 7, 7)
+    assert torch.equal(model_inputs("scatter_cnn", images), model_inputs("scatter_linear", images))
