@@ -247,7 +247,7 @@ def _mnist_ready(node: Node) -> None:
         raise Refusal("this node holds no MNIST in its policy's data-dir") from err
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)  # a simulation's actor may serve several nodes in turn
 def _mnist_share(node: Node, limit: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This node's IID share of its MNIST training images (the first ``limit``; 0: all),
     read from its own ``data-dir`` (cached: every training round reads it)."""
