@@ -71,7 +71,12 @@ def wait_for_nodes(grid: Grid, min_nodes: int) -> list[int]:
 def discover(grid: Grid, min_nodes: int = 1, timeout: float = 600.0) -> dict[int, ClientInfo]:
     """Wait for ``min_nodes`` connected nodes, then ``describe_nodes`` all of them; two
     nodes with one client id is a misconfigured federation (an error)."""
-    found = describe_nodes(grid, wait_for_nodes(grid, min_nodes), timeout)
+    start = time.perf_counter()
+    node_ids = wait_for_nodes(grid, min_nodes)
+    connected = time.perf_counter()
+    found = describe_nodes(grid, node_ids, timeout)
+    log(INFO, "Discovery: %d nodes connected after %.1f s, described in %.1f s", len(node_ids),
+        connected - start, time.perf_counter() - connected)
     ids = [c.client_id for c in found.values()]
     if len(set(ids)) != len(ids):
         raise ValueError(f"two nodes claim the same client id: {sorted(ids)}")

@@ -66,6 +66,7 @@ class History:
     stopped: str | None = None
     spent: dict[str, float] = field(default_factory=dict)
     wall_time_s: float | None = None
+    discovery_seconds: float | None = None  # until every node described itself (or failed to)
     model_sha256: str | None = None
 
     def start_round(self, server_round: int, participants: list[str]) -> RoundLog:

@@ -63,6 +63,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     if state is None:
         log(WARNING, "No state-dir: the server's ledger lasts this run only (nodes keep their own)")
     discovered = discover(grid, min_nodes=settings.min_clients)
+    discovery_seconds = time.perf_counter() - start
     book_releases(ledger, discovered.values())
     assigner = Assigner(settings, discovered)
 
@@ -74,6 +75,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model_name = assigner.plan.model
     model = build_model(model_name, settings.seed)
     history, run_key, first, arrays = _start(settings, state, model)
+    history.discovery_seconds = discovery_seconds
     strategy = BudgetedFedAvg(
         ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,

@@ -156,9 +156,12 @@ def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str,
 
 
 def simulate(
-    num_clients: int, overrides: dict[str, Any], backend: dict[str, Any] | None = None
+    num_clients: int, overrides: dict[str, Any], backend: dict[str, Any] | None = None,
+    flower_delivery: bool = False,
 ) -> float:
-    """Run the apps on ``num_clients`` simulated SuperNodes; returns wall seconds."""
+    """Run the apps on ``num_clients`` simulated SuperNodes; returns wall seconds. Messages
+    reach the actors through ``simulations._delivery`` unless ``flower_delivery`` (Flower's
+    own loop, O(nodes × messages) per sweep: for measuring it)."""
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
     from flwr.simulation.run_simulation import _run_simulation
@@ -167,6 +170,8 @@ def simulate(
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity
     from flwr.supercore.telemetry import EventType
+
+    from simulations._delivery import one_pass_delivery
 
     components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
     # What _run_simulation does for a run it creates itself, plus our overrides.
@@ -182,7 +187,8 @@ def simulate(
     if backend["client_resources"].get("num_gpus"):  # each client plans its memory within its share
         env[GPU_SHARE_ENV] = str(min(1.0, backend["client_resources"]["num_gpus"]))
     start = time.perf_counter()
-    with ray_cluster(backend.get("init_args", {}), env):  # bounded start; Flower uses it
+    delivery = contextlib.nullcontext() if flower_delivery else one_pass_delivery()
+    with ray_cluster(backend.get("init_args", {}), env), delivery:  # bounded start; Flower uses it
         _run_simulation(
             num_supernodes=num_clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,

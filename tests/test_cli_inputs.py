@@ -97,6 +97,8 @@ CASES = {
                                                                        "2"), "--clients"),
     "benchmark-simulation-fraction-train": Case("benchmarks.simulation", ("--fraction-train", "1.5"),
                                                 "--fraction-train"),
+    "benchmark-simulation-larger-than-mnist": Case("benchmarks.simulation", ("--clients", "1000", "70000"),
+                                                   "--clients"),
 }
 
 
