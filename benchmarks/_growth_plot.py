@@ -23,6 +23,7 @@ def plot_growth(points: Sequence[dict[str, Any]], path: Path) -> None:
     for p in points:
         time_ax.annotate(f"{p['ratio']:.2f}×", (p["clients"], p["simulation_median_s"]),
                          textcoords="offset points", xytext=(4, 6), fontsize=8)
+    time_ax.margins(y=0.15)  # room for the ratios
     time_ax.set(ylabel="seconds per round (median)", title="10 % of clients per round" if _tenth(points)
                 else "one round")
     discovery_ax.plot(clients, [p["discovery_seconds"] for p in points], "o-")

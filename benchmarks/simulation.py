@@ -134,7 +134,8 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[float]:
-    """Seconds per round of: train ``per_round`` clients one after another, then average."""
+    """Seconds per round of: train ``per_round`` clients one after another, then average. The
+    data set is loaded and split first, as the simulation's nodes do while they are discovered."""
     from clients.task import local_data
     from fedpriv.models import build_model
     from fedpriv.training import default_device, train_round
@@ -143,6 +144,7 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
     plan = base_plan(settings)
     model = build_model(plan.model, settings.seed)
     rng = random.Random(settings.seed)
+    local_data(settings, {"partition-id": 0, "num-partitions": num_clients})
     seconds = []
     for round_ in range(1, settings.rounds + 1):
         start = time.perf_counter()
