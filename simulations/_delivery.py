@@ -4,8 +4,8 @@ Flower's engine hands messages to its Ray actors from one thread
 (``vce_api.add_messages_to_queue``): every 0.1 s it asks the in-memory LinkState for the
 next message of each registered node, and each ask (``get_message_ins``) scans and
 re-validates every stored message under the state's lock. A sweep is thus O(nodes ×
-messages in flight): at 1,000 nodes, 0.4–0.8 s with a round's 100 messages and 4–8 s with
-discovery's 1,000 (measured on this machine), so the loop keeps one of the driver's cores
+messages in flight): at 1,000 nodes, ~0.8 s with a round's 100 messages and 4–8 s with
+discovery's 1,000 (measured on this machine, under load), so the loop keeps one of the driver's cores
 busy for the whole run, beside the actors that train.
 
 ``one_pass_delivery`` swaps in a loop that does the same in one pass per sweep: Flower's
