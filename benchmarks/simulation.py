@@ -144,7 +144,8 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
     plan = base_plan(settings)
     model = build_model(plan.model, settings.seed)
     rng = random.Random(settings.seed)
-    local_data(settings, {"partition-id": 0, "num-partitions": num_clients})
+    data_dir = settings.data_dir  # the loop is its nodes' operator: it reads the data from --data-dir
+    local_data(settings, {"partition-id": 0, "num-partitions": num_clients}, data_dir)
     seconds = []
     for round_ in range(1, settings.rounds + 1):
         start = time.perf_counter()
@@ -152,7 +153,7 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
         total, weight = None, 0
         for client in sorted(rng.sample(range(num_clients), per_round)):
             node = {"partition-id": client, "num-partitions": num_clients}
-            data = local_data(settings, node, model=plan.model)
+            data = local_data(settings, node, data_dir, model=plan.model)
             model.load_state_dict(global_state)
             report = train_round(model, data.features, data.labels, plan, settings.seed, client,
                                  round_, default_device())

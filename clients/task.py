@@ -7,20 +7,27 @@ its state folder, locked against concurrent runs) under the entry the message na
 a refused charge means nothing is computed. What leaves: the DP count of N (or N where the
 policy declares it public), the trained model, and, where the policy allows, a noisy
 evaluation. No loss, no exact N.
+
+The data it trains and evaluates on is read from its policy's ``data-dir`` (default the
+cache folder), never from a folder the run config names, and is never downloaded: which
+data a node holds is its own. A node whose folder lacks the data set refuses, before it
+books anything, without telling the server its path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.partition import Split
-from clients.releases import book, noisy_evaluation, released_size, stored_size
-from fedpriv.data import TensorPair, load_dataset
+from clients.releases import Refusal, book, noisy_evaluation, released_size, stored_size
+from fedpriv.data import DatasetNotFoundError, TensorPair, load_dataset
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness, load_policy
 from fedpriv.federation.settings import RunSettings
@@ -30,35 +37,44 @@ from fedpriv.training import default_device, train_round
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(name: str, data_dir: str | None, train: bool, download: bool, limit: int | None) -> TensorPair:
-    return load_dataset(name, data_dir, train=train, download=download, limit=limit)
+def _dataset(name: str, data_dir: Path | None, train: bool, limit: int | None) -> TensorPair:
+    """The node's own copy of data set ``name``, from its policy's ``data_dir`` (``None``: the
+    default cache folder); never downloaded. ``Refusal`` (not naming the folder) where it is missing."""
+    try:
+        return load_dataset(name, data_dir, train=train, download=False, limit=limit)
+    except DatasetNotFoundError as err:
+        raise Refusal(f"this node holds no {name} in its policy's data-dir") from err
 
 
 @functools.lru_cache(maxsize=4)
-def _split(settings: RunSettings, num_partitions: int, train: bool) -> Split:
+def _split(settings: RunSettings, data_dir: Path | None, num_partitions: int, train: bool) -> Split:
     """The run's split of the training (or test) set; one per process, however many
     partitions (simulated nodes) the process serves."""
     limit = settings.limit_train if train else settings.limit_test
-    full = _dataset(settings.dataset, settings.data_dir, train, settings.download, limit)
+    full = _dataset(settings.dataset, data_dir, train, limit)
     return Split(full.labels, settings.partition, num_partitions, settings.alpha, settings.seed)
 
 
 @functools.lru_cache(maxsize=32)
-def _partition(settings: RunSettings, partition_id: int, num_partitions: int, train: bool,
+def _partition(settings: RunSettings, data_dir: Path | None, partition_id: int, num_partitions: int, train: bool,
                model: str | None) -> TensorPair:
     limit = settings.limit_train if train else settings.limit_test
-    full = _dataset(settings.dataset, settings.data_dir, train, settings.download, limit)
-    index = torch.tensor(_split(settings, num_partitions, train).indices(partition_id))
+    full = _dataset(settings.dataset, data_dir, train, limit)
+    index = torch.tensor(_split(settings, data_dir, num_partitions, train).indices(partition_id))
     features = full.features[index]
     return TensorPair(features if model is None else model_inputs(model, features), full.labels[index])
 
 
-def local_data(settings: RunSettings, node_config: Mapping[str, Any], train: bool = True,
-               model: str | None = None) -> TensorPair:
-    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``;
-    with ``model``, its features are that model's inputs (cached: computed once per node)."""
-    return _partition(settings, int(node_config["partition-id"]), int(node_config["num-partitions"]),
-                      train, model)
+def local_data(settings: RunSettings, node_config: Mapping[str, Any], data_dir: str | Path | None,
+               train: bool = True, model: str | None = None) -> TensorPair:
+    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``,
+    read from ``data_dir`` (its policy's: ``None`` is the default cache folder; the run config's
+    ``data-dir`` is never read); with ``model``, its features are that model's inputs (cached:
+    computed once per node). ``Refusal`` where the folder lacks the data set."""
+    # the run config's data-dir and download are the server's: out of every cache key
+    settings = dataclasses.replace(settings, data_dir=None, download=False)
+    return _partition(settings, None if data_dir is None else Path(data_dir), int(node_config["partition-id"]),
+                      int(node_config["num-partitions"]), train, model)
 
 
 def client_id(node_config: Mapping[str, Any]) -> str:
@@ -70,7 +86,7 @@ def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
     policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
-    n = len(local_data(settings, context.node_config).labels)
+    n = len(local_data(settings, context.node_config, policy.data_dir).labels)  # Refusal: nothing booked
     size = released_size(policy, settings, context.node_config, cid, n)
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
     return RecordDict({
@@ -99,11 +115,11 @@ def train(msg: Message, context: Context) -> RecordDict:
     run_key, server_round = protocol.read_round(config)
     entry = protocol.train_entry(run_key, server_round)
     num_examples = stored_size(policy, settings, context.node_config,
-                               len(local_data(settings, context.node_config).labels))
+                               len(local_data(settings, context.node_config, policy.data_dir).labels))
     events = plan.round_events(num_examples)
     model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
     ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
-    data = local_data(settings, context.node_config, model=plan.model)  # the model's inputs
+    data = local_data(settings, context.node_config, policy.data_dir, model=plan.model)  # the model's inputs
     report = train_round(
         model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
         client=int(cid), round_=server_round, device=default_device(),
@@ -136,8 +152,8 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     events = (policy.evaluate_event(),)
     model_name = str(config[protocol.MODEL])
     model = _received_model(msg, model_name, settings.seed)
+    data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name)  # Refusal first
     ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
-    data = local_data(settings, context.node_config, train=False, model=model_name)
     metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
     return RecordDict({protocol.METRICS: MetricRecord(metrics),
                        protocol.PRIVACY: protocol.events_record(entry, events)})

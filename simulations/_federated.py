@@ -11,7 +11,8 @@ The command is also the operator of the nodes it simulates, so it sets their pri
 policy (``simulated_node_policy``): budget from the flags, seeded randomness from
 ``--seed`` (reproducible, which a deployment must not be), N public unless
 ``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
-durable ledger under ``--state-dir``/nodes/<partition id>. Without ``--state-dir`` all
+durable ledger under ``--state-dir``/nodes/<partition id>, and their data folder from
+``--data-dir`` (a node never reads the folder a run config names). Without ``--state-dir`` all
 state lives in a temporary folder and is gone after the run.
 
 Every input is checked before Ray starts: the flags by their argparse types
@@ -106,7 +107,11 @@ def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
                           num_examples_noise: float | None = None) -> dict[str, Any]:
     """The policy of every simulated node (``fedpriv.federation.policy`` keys); no budget
-    means an explicitly unlimited one (the simulation's choice as the nodes' operator)."""
+    means an explicitly unlimited one (the simulation's choice as the nodes' operator). The
+    nodes read their data from the command's ``--data-dir`` (the run config's ``data-dir``,
+    made absolute: Ray workers' cwd differs), else from their default cache folder, as the
+    server does."""
+    data_dir = {"data-dir": str(Path(run_config["data-dir"]).resolve())} if run_config.get("data-dir") else {}
     return {
         "epsilon-budget": epsilon_budget or math.inf,
         "delta": float(run_config["delta"]),
@@ -116,6 +121,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "public-num-examples": num_examples_noise is None,
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
+        **data_dir,
     }
 
 

@@ -78,7 +78,8 @@ def build_parser() -> Parser:
                    help="ε budget in each node's own policy (default: --target-epsilon)")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N MNIST training examples (default: all)")
     p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
-    p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout (default: the cache)")
+    p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout, the server's and each "
+                                     "node's policy data-dir (default: the cache)")
     p.add_argument("--download", action="store_true", help="download MNIST first if it is missing")
     p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
     p.add_argument("--round-timeout", type=positive, default=600.0,
@@ -126,10 +127,15 @@ def freeze_app(folder: Path) -> str:
     return app_digest(build_fab_from_disk(folder))
 
 
-def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str) -> dict[str, Any]:
-    """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app."""
-    return {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
-            "randomness": "secure", "trusted-apps": [app]}
+def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str,
+                data_dir: Path | None = None) -> dict[str, Any]:
+    """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app,
+    and the folder of its own data (``None``: its default cache folder)."""
+    policy: dict[str, Any] = {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
+                              "randomness": "secure", "trusted-apps": [app]}
+    if data_dir is not None:
+        policy["data-dir"] = str(Path(data_dir).resolve())
+    return policy
 
 
 class Deployment:
@@ -146,8 +152,9 @@ class Deployment:
         self.superlink = None
         self.supernodes: dict[int, Any] = {}
 
-    def prepare(self, epsilon_budget: float, delta_: float, app: str) -> None:
-        """Certificates and keys (kept across restarts), each node's policy and pin shim."""
+    def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None) -> None:
+        """Certificates and keys (kept across restarts), each node's policy (its data in
+        ``data_dir``) and pin shim."""
         from clients.pinned import write_shim
         from fedpriv.certificates import write_node_key, write_tls
         from fedpriv.files import write_bytes_atomic
@@ -161,7 +168,7 @@ class Deployment:
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
-            policy = node_policy(node, epsilon_budget, delta_, app)
+            policy = node_policy(node, epsilon_budget, delta_, app, data_dir)
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
 
     @property
@@ -366,7 +373,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         deployment = Deployment(out, args.nodes, network)
         stack.callback(deployment.close)
         app = freeze_app(out / "app")
-        deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app)
+        deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app,
+                           Path(args.data_dir) if args.data_dir else None)
         try:
             deployment.start_superlink()
             for i in range(args.nodes):

@@ -22,9 +22,10 @@ Keys (kebab-case, as in ``--node-config``):
 - ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
   correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
-- ``data-dir``: the root folder of the node's data sets, for the releases that read a data
-  set from files (the classic app's ``dppca`` kinds); default ``~/.cache/fedpriv``. A
-  folder named in a request is never read: which data a node holds is its own.
+- ``data-dir``: the root folder of the node's data sets, read by the ClientApp (MNIST,
+  CIFAR-10: training and evaluation) and by the classic app's ``dppca`` kinds; default
+  ``~/.cache/fedpriv``. A folder named in a request or the run config is never read, and
+  nothing is downloaded: which data a node holds is its own.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never

@@ -20,6 +20,7 @@ from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
 from fedpriv.training import TrainingPlan, train_round
 from server.checks import check_train_reply, update_norm_bound
+from tests.conftest import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -31,11 +32,13 @@ ONE_ROUND = PLAN.round_events(N)
 
 @pytest.fixture
 def run_config(shared_data_dir):
-    return {"limit-train": 200, "limit-test": 200, "data-dir": str(shared_data_dir)}
+    """No data-dir: the nodes read their data from their own policy's."""
+    return {"limit-train": 200, "limit-test": 200}
 
 
-def _context(run_config, state, run_id=1, **policy):
-    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), **policy}
+def _context(run_config, state, run_id=1, data_dir=SHARED_DATA, **policy):
+    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), "data-dir": str(data_dir),
+                   **policy}
     return Context(run_id=run_id, node_id=5, node_config=node_config, state=RecordDict(), run_config=dict(run_config))
 
 
@@ -70,7 +73,7 @@ def _update(reply) -> np.ndarray:
 
 def _server_replay(run_config, noise_multiplier, seed):
     """The update the server computes itself, on the node's data, with a seed it knows."""
-    data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2})
+    data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2}, SHARED_DATA)
     model = build_model(PLAN.model, 0)
     train_round(model, data.features, data.labels, dataclasses.replace(PLAN, noise_multiplier=noise_multiplier),
                 seed=seed, client=0, round_=1, device="cpu")
@@ -260,3 +263,36 @@ def test_an_evaluation_releases_each_records_loss_clipped_whatever_the_model(run
     assert abs(losses.mean() - n_test * LOSS_CLIP) < 5 * std / math.sqrt(200)
     chi2 = 199 * losses.var(ddof=1) / std**2
     assert stats.chi2.sf(chi2, 199) > 1e-6 and stats.chi2.cdf(chi2, 199) > 1e-6
+
+
+def test_the_server_cannot_choose_which_folder_a_node_reads(run_config, tmp_path):
+    # The curious server names another folder (an empty one, or one it fills) in the run
+    # config, and asks for a download: the node reads only its own policy's data-dir.
+    empty = tmp_path / "server-chosen"
+    empty.mkdir()
+    policy = {"epsilon-budget": math.inf, "public-num-examples": True, "randomness": "seeded", "seed": 3}
+    replies = {}
+    for name, config in {"none": run_config, "other": {**run_config, "data-dir": str(empty), "download": True}}.items():
+        context = _context(config, tmp_path / name, **policy)
+        size = _query(context).content.config_records[protocol.INFO][protocol.NUM_EXAMPLES]
+        replies[name] = size, _update(_train(context))
+    assert replies["none"][0] == replies["other"][0] == N  # the same partition
+    np.testing.assert_array_equal(replies["none"][1], replies["other"][1])  # the same update
+    assert list(empty.iterdir()) == []  # nothing downloaded into the server's folder
+
+
+def test_a_node_without_its_data_refuses_before_booking_anything(run_config, shared_data_dir, tmp_path):
+    # Its policy's folder lacks MNIST; the run config names one that holds it. Every message
+    # is refused with one line that does not name the node's folder, and nothing is booked
+    # (N private: a QUERY that got as far as its count would book it).
+    own = tmp_path / "node-data"
+    own.mkdir()
+    context = _context({**run_config, "data-dir": str(shared_data_dir)}, tmp_path / "state", data_dir=own,
+                       **{"epsilon-budget": math.inf, "allow-evaluate": True})
+    for reply in (_query(context), _train(context), _evaluate(context)):
+        assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
+        assert "holds no mnist in its policy's data-dir" in reply.error.reason
+        assert str(own) not in reply.error.reason and "\n" not in reply.error.reason
+    assert not (tmp_path / "state" / "ledger.json").exists()
+    assert not (tmp_path / "state" / "releases.json").exists()
+    assert list(own.iterdir()) == []

@@ -108,7 +108,7 @@ def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_dat
     # is noticed at its second missed heartbeat, a minute; `kill`'s SIGTERM at once)
     out = tmp_path / "deployment"
     deployment = Deployment(out, 2, Network())
-    deployment.prepare(1.0, 1e-5, freeze_app(out / "app"))
+    deployment.prepare(1.0, 1e-5, freeze_app(out / "app"), shared_data_dir)
     config = {"rounds": 2, "min-clients": 1, "target-epsilon": 1.0, "limit-train": 2000, "limit-test": 200,
               "local-epochs": 2, "data-dir": str(shared_data_dir), "round-timeout": 60.0}
     victim = deployment.nodes[1].state / "ledger.json"
@@ -153,7 +153,7 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
     out = tmp_path / "deployment"
     deployment = Deployment(out, 1, Network())
     pinned = freeze_app(out / "app")
-    deployment.prepare(10.0, 1e-5, pinned)
+    deployment.prepare(10.0, 1e-5, pinned, shared_data_dir)
     mark = tmp_path / "altered-code-ran"
     with (out / "app" / "clients" / "client_app.py").open("a") as module:
         module.write(f"\nimport pathlib\npathlib.Path({str(mark)!r}).write_text('leaked')\n")

@@ -17,16 +17,17 @@ pytestmark = pytest.mark.slow
 
 
 @contextlib.contextmanager
-def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, supernode_auth: bool = False):
+def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, supernode_auth: bool = False,
+               data_dir: Path | None = None):
     """A SuperLink on a free loopback port, with TLS when given its files; yields (env with
-    FLWR_HOME pointing at it, port). The simulated nodes' policy (their operator's) reaches
-    them through the environment the SuperLink passes on."""
+    FLWR_HOME pointing at it, port). The simulated nodes' policy (their operator's, their
+    data in ``data_dir``) reaches them through the environment the SuperLink passes on."""
     port = free_port()
     home = tmp_path / "flwr-home"
     write_flwr_config(home, "test", f"127.0.0.1:{port}", tls)
     policy = tmp_path / "policy.toml"
     policy.write_text(f'epsilon-budget = 100.0\nstate-dir = "{tmp_path}/nodes/{{partition-id}}"\n'
-                      'public-num-examples = true\n')
+                      'public-num-examples = true\n' + (f'data-dir = "{data_dir}"\n' if data_dir else ''))
     env = {**base_env(home), "PYTHONPATH": str(PROJECT_ROOT), POLICY_ENV: str(policy)}
     with Processes() as processes:
         started = processes.start("SuperLink", superlink_command(port, home / "state.db", tls, simulation=simulation,
@@ -37,9 +38,9 @@ def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, su
 
 
 @pytest.fixture
-def superlink(tmp_path):
-    """A simulation SuperLink; yields its env."""
-    with _superlink(tmp_path, simulation=True) as (env, _):
+def superlink(tmp_path, shared_data_dir):
+    """A simulation SuperLink whose nodes hold MNIST; yields its env."""
+    with _superlink(tmp_path, simulation=True, data_dir=shared_data_dir) as (env, _):
         yield env
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fedpriv.federation.policy import POLICY_ENV, PolicyError, Randomness, load_policy
+from fedpriv.federation.policy import POLICY_ENV, PolicyError, Randomness, load_policy, policy_file_text
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget
 
@@ -55,3 +55,20 @@ def test_the_run_tightens_and_never_loosens(tmp_path):
     policy = load_policy({"epsilon-budget": 2.0, "delta": 1e-5, "state-dir": str(tmp_path)}, environ={})
     assert policy.effective_budget(RunSettings(delta=0.5, client_epsilon_budget=50.0)) == Budget(2.0, 1e-5)
     assert policy.effective_budget(RunSettings(delta=1e-7, client_epsilon_budget=0.5)) == Budget(0.5, 1e-7)
+
+
+def test_simulated_and_deployed_nodes_get_the_commands_data_dir_in_their_policy(tmp_path, monkeypatch):
+    from simulations._federated import simulated_node_policy
+    from simulations.deployment import NodeFiles, node_policy
+
+    tmp_path = tmp_path.resolve()
+    monkeypatch.chdir(tmp_path)
+    run_config = {"delta": 1e-5, "seed": 1, "fraction-evaluate": 0.0}
+    simulated = simulated_node_policy({**run_config, "data-dir": "data"}, tmp_path)
+    assert simulated["data-dir"] == str(tmp_path / "data")  # absolute: Ray workers' cwd differs
+    assert "data-dir" not in simulated_node_policy({**run_config, "data-dir": ""}, tmp_path)  # the default folder
+    deployed = node_policy(NodeFiles(tmp_path / "n0"), 1.0, 1e-5, "0" * 64, tmp_path / "data")
+    for policy in (simulated, deployed):
+        path = tmp_path / "policy.toml"
+        path.write_text(policy_file_text(policy))
+        assert load_policy({"policy": str(path), "partition-id": 0}, environ={}).data_dir == tmp_path / "data"

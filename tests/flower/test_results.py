@@ -29,7 +29,8 @@ def _run(tmp_path, data_dir):
     run_config = {"rounds": 2, "min-clients": len(NODES), "limit-train": PARTITIONS * PER_NODE, "limit-test": 40,
                   "lot-size": LOT, "noise-multiplier": SIGMA, "model": "cnn", "data-dir": str(data_dir),
                   "state-dir": str(tmp_path / "server"), "out": str(tmp_path / "out")}
-    nodes = {node: node_config(partition, PARTITIONS, tmp_path, **{"epsilon-budget": 50.0, "public-num-examples": True})
+    nodes = {node: node_config(partition, PARTITIONS, tmp_path, **{"epsilon-budget": 50.0, "public-num-examples": True,
+                                                                     "data-dir": str(data_dir)})
              for node, partition in NODES.items()}
     history = run_server(InProcessGrid(run_config, nodes), run_config)
     return history, json.loads((tmp_path / "out" / "results.json").read_text())

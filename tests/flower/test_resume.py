@@ -37,8 +37,9 @@ def _run_config(data_dir, state, out, rounds=3, resume=False):
             "epsilon-budget": _rounds_epsilon(10)}
 
 
-def _nodes(state, budgets):
-    return {10 + i: node_config(i, 2, state, **{"epsilon-budget": b, "public-num-examples": True})
+def _nodes(state, budgets, data_dir):
+    return {10 + i: node_config(i, 2, state, **{"epsilon-budget": b, "public-num-examples": True,
+                                                "data-dir": str(data_dir)})
             for i, b in enumerate(budgets)}
 
 
@@ -50,17 +51,18 @@ def test_a_killed_server_resumes_and_ends_where_an_uninterrupted_run_ends(tmp_pa
     budgets = [math.inf, math.inf]
     # Prepare: the uninterrupted run
     plain = tmp_path / "plain"
-    run_server(InProcessGrid(_run_config(shared_data_dir, plain, plain / "out"), _nodes(plain, budgets)),
+    run_server(InProcessGrid(_run_config(shared_data_dir, plain, plain / "out"),
+                             _nodes(plain, budgets, shared_data_dir)),
                _run_config(shared_data_dir, plain, plain / "out"))
     # Execute: the same run killed in round 2, after client 0 trained and before client 1
     # did, then resumed (the nodes restart too: new Contexts)
     killed = tmp_path / "killed"
-    grid = InProcessGrid(_run_config(shared_data_dir, killed, killed / "out"), _nodes(killed, budgets))
+    grid = InProcessGrid(_run_config(shared_data_dir, killed, killed / "out"), _nodes(killed, budgets, shared_data_dir))
     grid.kill_after = 2 + 2 + 1  # two QUERYs, round 1's two TRAINs, client 0's round 2
     with pytest.raises(ServerKilled):
         run_server(grid, _run_config(shared_data_dir, killed, killed / "out"))
     resumed_config = _run_config(shared_data_dir, killed, killed / "out", resume=True)
-    history = run_server(InProcessGrid(resumed_config, _nodes(killed, budgets)), resumed_config)
+    history = run_server(InProcessGrid(resumed_config, _nodes(killed, budgets, shared_data_dir)), resumed_config)
     # Assert: rounds 1-3, round 2 re-sent under the same entry (client 0 refused a second
     # training); every ledger holds each entry once and equals the uninterrupted run's ε
     assert [r.round for r in history.rounds] == [1, 2, 3]
@@ -80,12 +82,12 @@ def test_a_killed_server_resumes_and_ends_where_an_uninterrupted_run_ends(tmp_pa
 def test_a_run_on_spent_budgets_trains_nothing_and_changes_no_ledger(tmp_path, shared_data_dir):
     budgets = [_rounds_epsilon(2) * 1.001] * 2
     config = _run_config(shared_data_dir, tmp_path, tmp_path / "out", rounds=2)
-    run_server(InProcessGrid(config, _nodes(tmp_path, budgets)), config)
+    run_server(InProcessGrid(config, _nodes(tmp_path, budgets, shared_data_dir)), config)
     files = sorted(tmp_path.rglob("ledger.json"))
     before = {p: p.read_bytes() for p in files if "out" not in p.parts}
     config = {**_run_config(shared_data_dir, tmp_path, tmp_path / "out2", rounds=2), "epsilon-budget": 0.0,
               "target-epsilon": _rounds_epsilon(2) * 1.001, "noise-multiplier": -1.0}
-    history = run_server(InProcessGrid(config, _nodes(tmp_path, budgets)), config)
+    history = run_server(InProcessGrid(config, _nodes(tmp_path, budgets, shared_data_dir)), config)
     assert history.rounds == [] and "no client can afford" in history.stopped
     assert {p: p.read_bytes() for p in before} == before
 
@@ -105,7 +107,7 @@ class Schedules(RuleBasedStateMachine):
 
     def _grid(self, resume: bool) -> InProcessGrid:
         config = _run_config(self.data_dir, self.state, self.state / "out", rounds=2, resume=resume)
-        grid = InProcessGrid(config, _nodes(self.state, self.budgets))
+        grid = InProcessGrid(config, _nodes(self.state, self.budgets, self.data_dir))
         if self.grid is not None:  # the same SuperNodes, unless a rule restarted them
             grid.contexts = self.grid.contexts
         self.grid = grid
