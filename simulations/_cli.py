@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
 import re
@@ -104,6 +105,23 @@ def write_out(out: Path | None, text: str) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
+
+
+def report_json(parser: argparse.ArgumentParser, out: Path | None, compute: Callable[[], dict[str, Any]]
+                ) -> dict[str, Any]:
+    """Run a command's ``compute`` once its inputs are checked: a data set that fails to load
+    or a value out of range found on the way (a corrupted file, a target ε out of reach) is
+    one ``parser.error`` line; the result is printed as JSON and written to ``out``."""
+    from fedpriv.data import DatasetNotFoundError
+
+    try:
+        result = compute()
+    except (DatasetNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    text = json.dumps(result, indent=2)
+    write_out(out, text)
+    print(text)
+    return result
 
 
 def add_max_physical_batch(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,8 +24,8 @@ from simulations._cli import (
     at_least,
     delta,
     positive,
+    report_json,
     use_cache_dir,
-    write_out,
 )
 
 if TYPE_CHECKING:
@@ -165,14 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_available(args.dataset, args.data_dir, args.download)
     except (DatasetNotFoundError, ValueError) as err:  # no data set, or a plan out of range
         parser.error(str(err))
-    try:
-        result = run(args, plan)
-    except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a target ε out of reach
-        parser.error(str(err))
-    text = json.dumps(result, indent=2)
-    write_out(args.out, text)
-    print(text)
-    return result
+    return report_json(parser, args.out, lambda: run(args, plan))
 
 
 if __name__ == "__main__":

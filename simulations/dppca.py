@@ -17,13 +17,12 @@ node's ledger. Prints (and writes to ``--out``) one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import Parser, at_least, delta, positive, probability, write_out
+from simulations._cli import Parser, at_least, delta, positive, probability, report_json
 
 if TYPE_CHECKING:
     import torch
@@ -239,14 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pca_noise(args)
     except (DatasetNotFoundError, ValueError) as err:
         parser.error(str(err))
-    try:
-        result = run(args)
-    except (DatasetNotFoundError, ValueError) as err:  # a corrupted file, a budget the PCA alone exhausts
-        parser.error(str(err))
-    text = json.dumps(result, indent=2)
-    write_out(args.out, text)
-    print(text)
-    return result
+    return report_json(parser, args.out, lambda: run(args))  # e.g. a budget the PCA alone exhausts
 
 
 if __name__ == "__main__":
