@@ -52,6 +52,13 @@ class OptimizerKind(StrEnum):
     ADAM = "adam"
 
 
+def cosine_lr(lr: float, round_: int, rounds: int) -> float:
+    """The LR of round ``round_`` (1-based) decayed by a half cosine over ``rounds``:
+    lr · ½(1 + cos(π (r−1)/R)), held at 0 after round R + 1."""
+    progress = min(round_ - 1, rounds) / rounds
+    return lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
     """How one party trains locally in one round; the same plan for every round.
@@ -111,8 +118,7 @@ class TrainingPlan:
         """The LR of round ``round_`` (1-based); cosine: lr · ½(1 + cos(π (r−1)/R)) for r ≤ R."""
         if self.lr_schedule is LRSchedule.CONSTANT or self.lr_decay_rounds == 0:
             return self.lr
-        progress = min(round_ - 1, self.lr_decay_rounds) / self.lr_decay_rounds
-        return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
+        return cosine_lr(self.lr, round_, self.lr_decay_rounds)
 
     def sample_rate(self, num_examples: int) -> float:
         """q: ``shared_sample_rate`` when set, else lot_size / N capped at 1 (a lot may not

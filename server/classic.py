@@ -6,7 +6,6 @@ events other than the ones the request costs drop that node's share from the sum
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
+from fedpriv.training import cosine_lr
 
 
 @dataclass
@@ -191,8 +191,8 @@ class DppcaTraining:
     lr: float
 
     def lr_at(self, round_: int) -> float:
-        """The LR of round ``round_`` (1-based): lr · ½(1 + cos(π (r − 1)/R))."""
-        return self.lr * 0.5 * (1 + math.cos(math.pi * (round_ - 1) / self.rounds))
+        """The LR of round ``round_`` (1-based), decayed by a half cosine over the rounds."""
+        return cosine_lr(self.lr, round_, self.rounds)
 
     @property
     def event(self) -> DpEvent:
