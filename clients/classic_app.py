@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from clients.client_app import answer
-from clients.releases import Refusal, book
+from clients.releases import book, missing_data
 from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.algorithms.datasets import LOADERS, client_share, load
 from fedpriv.data import DatasetNotFoundError, check_available, load_dataset
@@ -244,7 +244,7 @@ def _mnist_ready(node: Node) -> None:
     try:
         check_available("mnist", None if node.data_dir is None else str(node.data_dir))
     except DatasetNotFoundError as err:
-        raise Refusal("this node holds no MNIST in its policy's data-dir") from err
+        raise missing_data("MNIST") from err
 
 
 @functools.lru_cache(maxsize=4)  # a simulation's actor may serve several nodes in turn

@@ -37,6 +37,12 @@ class Refusal(Exception):
     """The node will not do what a message asks; the reason goes back to the server."""
 
 
+def missing_data(dataset: str) -> Refusal:
+    """The refusal of a node whose policy's ``data-dir`` lacks ``dataset``; it does not name
+    the folder (a node's paths are none of the server's business)."""
+    return Refusal(f"this node holds no {dataset} in its policy's data-dir")
+
+
 @dataclass(frozen=True)
 class ReleasedSize:
     """The N a node sends: its value, whether it is exact, and the entries that paid for it."""

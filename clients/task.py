@@ -26,7 +26,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.partition import Split
-from clients.releases import Refusal, book, noisy_evaluation, released_size, stored_size
+from clients.releases import book, missing_data, noisy_evaluation, released_size, stored_size
 from fedpriv.data import DatasetNotFoundError, TensorPair, load_dataset
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness, load_policy
@@ -43,7 +43,7 @@ def _dataset(name: str, data_dir: Path | None, train: bool, limit: int | None) -
     try:
         return load_dataset(name, data_dir, train=train, download=False, limit=limit)
     except DatasetNotFoundError as err:
-        raise Refusal(f"this node holds no {name} in its policy's data-dir") from err
+        raise missing_data(name) from err
 
 
 @functools.lru_cache(maxsize=4)
