@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from fedpriv.data import IMAGE_SHAPES, TRAIN_SIZES
-from fedpriv.dpsgd.memory import gpu_fraction, measure_step_memory
+from fedpriv.dpsgd.memory import example_bytes, gpu_fraction, measure_step_memory
 from fedpriv.federation.settings import Partition, RunSettings
 from fedpriv.models import build_model, input_shape
 from fedpriv.training import make_optimizer
@@ -43,6 +45,6 @@ def client_gpu_fraction(settings: RunSettings, num_clients: int, total_bytes: in
     # without a lot-size, the server shares the plan's lot out in proportion to the data
     expected_lot = plan.lot_size if settings.lot_size else plan.lot_size * held / train_size
     batch = min(plan.max_physical_batch_size or likely_largest_lot(expected_lot), held)
-    example_bytes = 4 * math.prod(shape) + 8  # float32 features, int64 label
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return gpu_fraction(memory.bytes_at(batch), model_bytes + held * example_bytes, total_bytes)
+    data_bytes = held * example_bytes(shape, torch.float32)
+    return gpu_fraction(memory.bytes_at(batch), model_bytes + data_bytes, total_bytes)

@@ -115,7 +115,7 @@ def measure_step_memory(
     params = trainable_parameters(model)
     device = model_device(params)
     dtype = dtype or next(iter(params.values())).dtype
-    sample_bytes = math.prod(sample_shape) * dtype.itemsize + torch.int64.itemsize
+    sample_bytes = example_bytes(sample_shape, dtype)
     timelines = [
         _timeline(model, sample_shape, dtype, device, config, batch, optimizer, loss_fn) for batch in PROBE_BATCHES
     ]
@@ -125,6 +125,11 @@ def measure_step_memory(
     slopes = [(y2 - y1) / (b2 - b1) for y1, y2 in zip(t1, t2)]
     lines = [(y1 - b1 * s, s + sample_bytes) for y1, s in zip(t1, slopes)]
     return StepMemory(_upper_envelope(lines))
+
+
+def example_bytes(sample_shape: Sequence[int], dtype: torch.dtype) -> int:
+    """Bytes one training example holds: its features of ``sample_shape`` and ``dtype``, and an int64 label."""
+    return math.prod(sample_shape) * dtype.itemsize + torch.int64.itemsize
 
 
 def fit_batch(memory: StepMemory, budget_bytes: float, max_batch: int | None = None) -> int:
@@ -285,8 +290,9 @@ def _upper_envelope(lines: list[tuple[float, float]]) -> tuple[tuple[float, floa
     """The lines not below another at every B ≥ 1: by slope, steepest first, each kept only
     if it is higher at B = 1 than every steeper one."""
     kept: list[tuple[float, float]] = []
+    highest = -math.inf
     for a, s in sorted(set(lines), key=lambda line: (-line[1], -line[0])):
-        if not kept or a + s > highest:
+        if a + s > highest:
             kept.append((a, s))
             highest = a + s
     return tuple(kept)
