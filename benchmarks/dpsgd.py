@@ -3,9 +3,11 @@
 ``python -m benchmarks.dpsgd [--quick] --out FILE``
 
 One step = forward + backward + (clip + noise) + optimizer step on a fixed in-memory batch of
-256 MNIST-shaped random examples.  fedpriv runs ``train_dpsgd`` on a 256-example set with
-q = 1, so every Poisson lot is the whole batch (sampling and gathering included); Opacus
-runs ``make_private`` without Poisson sampling on the same tensors, in each of its modes.
+256 MNIST-shaped random examples.  Every implementation trains the zoo's model as
+``build_model`` makes it (the CNN in channels_last: all get the same kernels).  fedpriv runs
+``train_dpsgd`` on a 256-example set with q = 1, so every Poisson lot is the whole batch
+(sampling and gathering included); Opacus runs ``make_private`` without Poisson sampling on
+the same tensors, in each of its modes.
 Implementations are measured round-robin, ``repeats`` times, each time in chunks of a few
 steps, and the fastest chunk of each is kept: the machine is shared, and the fastest chunk
 is the least disturbed one.  ``breakdown`` then says where fedpriv's step time goes: each

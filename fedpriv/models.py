@@ -19,6 +19,13 @@ gradients — and hence per-example clipping — would be meaningless).
 Initialisation is reproducible: ``build_model(name, seed)`` seeds torch's global RNG
 with ``derive_seed(seed, "model")`` inside ``torch.random.fork_rng`` so the caller's RNG
 state is left untouched.
+
+Memory layout: ``cnn`` is built in ``torch.channels_last`` (``CHANNELS_LAST``), where torch's
+CPU max-pool is several times faster than in NCHW (docs/performance.md). Layout never
+changes values: state dicts, ``model_sha256`` and the arrays sent over the wire are the
+same as an NCHW model's (tested). Its inputs need no conversion: a one-channel image
+batch is both NCHW- and channels_last-contiguous, and the first convolution's output
+follows the weights' layout.
 """
 
 from __future__ import annotations
@@ -122,6 +129,12 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 MODELS: tuple[str, ...] = tuple(_BUILDERS)
 
+CHANNELS_LAST: frozenset[str] = frozenset({"cnn"})
+"""Models built in ``torch.channels_last``. Not ``cifar_cnn``: on CPU, GroupNorm's
+channels_last kernels cost what its max-pools gain (measured), and CUDA's GroupNorm runs
+NCHW only; not ``scatter_cnn``: no pooling, and its GroupNorm over 81 channels of 7×7 is
+slower in channels_last (measured)."""
+
 # Fixed, data-independent transforms from images to a model's inputs (no privacy cost),
 # cached on disk: each takes (images, cache_dir=..., progress=...).
 _INPUT_TRANSFORMS: dict[str, Callable[..., torch.Tensor]] = {
@@ -164,10 +177,12 @@ def build_model(name: str, seed: int, **kwargs: int) -> nn.Module:
     """Model ``name`` initialised from ``derive_seed(seed, "model")``.
 
     ``kwargs`` go to the builder (e.g. ``in_features`` for ``mlp``). The global torch
-    RNG is forked, so building a model does not change the caller's random state.
+    RNG is forked, so building a model does not change the caller's random state. Models
+    in ``CHANNELS_LAST`` come in that memory format.
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "model"))
-        return _BUILDERS[name](**kwargs)
+        model = _BUILDERS[name](**kwargs)
+    return model.to(memory_format=torch.channels_last) if name in CHANNELS_LAST else model

@@ -29,7 +29,8 @@ from fedpriv.dpsgd.config import Clipping
 
 ClippedSumFn = Callable[[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
 """``clipped_sum(features, labels, into)``: add Σ_i clipped g_i of the micro-batch into
-``into`` (one buffer per trainable parameter tensor, in place); return Σ_i loss_i."""
+``into`` (one contiguous buffer per trainable parameter tensor, whatever the parameter's
+memory format, in place); return Σ_i loss_i."""
 
 Keep = torch.Tensor | None
 """``clip_factors``' (B,) bool mask of the examples kept; None when all are (nothing to copy)."""

@@ -155,7 +155,8 @@ def clipped_sum_function(
 
 
 def gradient_buffers(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One flat buffer for all of ``params``' gradients, and a view of it shaped like each."""
+    """One flat buffer for all of ``params``' gradients, and a view of it shaped like each
+    (contiguous, also for a channels_last parameter: the optimizer's update is layout-blind)."""
     first = next(iter(params.values()))
     flat = torch.empty(sum(p.numel() for p in params.values()), dtype=first.dtype, device=first.device)
     parts = flat.split([p.numel() for p in params.values()])

@@ -23,6 +23,15 @@ def tiny_cnn() -> nn.Module:
     )
 
 
+def rgb_cnn() -> nn.Module:
+    """For 3×7×7 inputs (whose memory format is not ambiguous, unlike one channel's): a
+    padded and an unpadded convolution with a max-pool between them."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2, 1),  # 4×6×6
+        nn.Conv2d(4, 5, 2, stride=2), nn.Tanh(), nn.Flatten(), nn.Linear(45, 3),  # 5×3×3
+    )
+
+
 class SequenceModel(nn.Module):
     """Linear layers on (B, T, d) inputs (the materialising branch of the Linear rule),
     and a layer that never runs (zero gradients)."""
@@ -41,6 +50,7 @@ TINY_MODELS: dict[str, Callable[[], nn.Module]] = {
     "mlp": tiny_mlp,
     "cnn": tiny_cnn,
     "sequence": SequenceModel,
+    "rgb_cnn": rgb_cnn,
 }
 
 

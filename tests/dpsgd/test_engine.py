@@ -10,6 +10,7 @@ from conftest import build, generators
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, UnsupportedModuleError, train_dpsgd
+from fedpriv.dpsgd.engine import examples_at
 from fedpriv.dpsgd.per_example import per_example_gradients
 from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.sampling import poisson_lot
@@ -131,6 +132,27 @@ def test_any_optimizer_receives_the_privatised_gradient(data):
         p.grad = g
     torch.optim.Adam(reference.parameters(), lr=0.01).step()
     torch.testing.assert_close(flat_params(adam_model), flat_params(reference), rtol=1e-4, atol=1e-6)
+
+
+def test_lots_gathered_from_channels_last_features_stay_channels_last():
+    x = torch.randn(8, 3, 5, 5).contiguous(memory_format=torch.channels_last)
+    lot, _ = examples_at(x, torch.zeros(8), torch.tensor([1, 4, 6]))
+    assert lot.is_contiguous(memory_format=torch.channels_last) and not lot.is_contiguous()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_channels_last_model_trains_like_its_nchw_copy_and_stays_channels_last(mode):
+    """The contiguous gradient buffer and momentum update channels_last parameters as they do NCHW ones."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 3, 7, 7, generator=gen), torch.randint(0, 3, (32,), generator=gen)
+    trained = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        model = build("rgb_cnn").to(memory_format=layout)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        run(model, (x.contiguous(memory_format=layout), y), optimizer=opt, grad_sample_mode=mode)
+        assert all(p.is_contiguous(memory_format=layout) for p in model.parameters() if p.dim() == 4)
+        trained.append(flat_params(model))
+    torch.testing.assert_close(trained[1], trained[0], rtol=1e-5, atol=1e-6)
 
 
 def secure_run(model, data, sigma=1.0, **generators_passed):

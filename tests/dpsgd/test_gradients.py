@@ -1,5 +1,6 @@
 """Per-example gradients, clipping, and the book-keeping path against the vmap reference."""
 
+import copy
 import math
 from functools import partial
 
@@ -17,8 +18,9 @@ from fedpriv.dpsgd.per_example import per_example_gradients, vmap_clipped_sum
 
 
 def clipped_sums(clipped_sum, params, x, y):
-    """Call a ``ClippedSumFn`` on zero buffers: (Σ_i clip(g_i) per tensor, Σ_i loss_i)."""
-    sums = [torch.zeros_like(p) for p in params.values()]
+    """Call a ``ClippedSumFn`` on contiguous zero buffers, as the engine's (whatever the
+    parameters' memory format): (Σ_i clip(g_i) per tensor, Σ_i loss_i)."""
+    sums = [p.new_zeros(p.shape) for p in params.values()]
     return sums, clipped_sum(x, y, sums)
 
 
@@ -141,6 +143,40 @@ def test_project_models_take_the_bookkeeping_path_and_match_vmap(name):
     cfg = DPSGDConfig(1.0, 0.01, 0.1)
     assert resolve_grad_sample_mode(model, cfg) is GradSampleMode.BOOKKEEPING
     assert_bookkeeping_equals_vmap(model, x, y, cfg, atol=1e-7)
+
+
+def nchw_and_channels_last(model, x):
+    """(model, x) in both memory formats: the channels_last pair made from the NCHW one."""
+    nchw = copy.deepcopy(model).to(memory_format=torch.contiguous_format)
+    channels_last = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    return (nchw, x.contiguous()), (channels_last, x.contiguous(memory_format=torch.channels_last))
+
+
+@pytest.mark.parametrize("mode", ["bookkeeping", "vmap"])
+@pytest.mark.parametrize("name", ["zoo_cnn", "rgb_cnn"])
+def test_channels_last_gives_the_clipped_sums_of_nchw(name, mode):
+    """Per-example weight gradients (patches + bmm, or vmap) do not depend on the layout:
+    the project's CNN (channels_last, conv inputs unpadded after a pool) and a padded
+    convolution on three-channel channels_last inputs."""
+    if name == "zoo_cnn":
+        model, shape = pytest.importorskip("fedpriv.models").build_model("cnn", seed=0), (1, 28, 28)
+    else:
+        model, shape = build(name), (3, 7, 7)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, *shape, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    cfg = DPSGDConfig(0.0, 0.01, 0.1, grad_sample_mode=mode)
+    results = []
+    for model, x in nchw_and_channels_last(model, x):
+        params = trainable_parameters(model)
+        if mode == "vmap":
+            results.append(vmap_sums(model, params, x, y, cfg))
+            continue
+        with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
+            results.append(clipped_sums(clipped_sum, params, x, y))
+    (want, want_loss), (got, got_loss) = results
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got_loss, want_loss)
 
 
 def assert_bookkeeping_equals_vmap(model, x, y, cfg, atol):
