@@ -25,6 +25,7 @@ from fedpriv.models import build_model
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 from fedpriv.training import cosine_lr
+from server.exchange import send_and_receive
 
 
 @dataclass
@@ -44,7 +45,7 @@ def _ask(grid: Grid, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
     messages = [Message(content, dst_node_id=node, message_type=MessageType.QUERY) for node in grid.get_node_ids()]
     key = entry(str(config["run-key"]), str(config["algorithm"]), int(config["step"]))
     total, accepted = np.zeros(size), 0
-    for reply in grid.send_and_receive(messages):
+    for reply in send_and_receive(grid, messages):
         node = str(reply.metadata.src_node_id)
         if reply.has_error():
             shares.refused[node] = reply.error.reason

@@ -25,6 +25,7 @@ from flwr.supercore import log
 
 from fedpriv.federation import protocol
 from fedpriv.privacy.events import DpEvent
+from server.exchange import send_and_receive
 
 _CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -91,7 +92,7 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> dict[int,
         for node in node_ids
     ]
     found: dict[int, ClientInfo] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in send_and_receive(grid, messages, timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
             log(WARNING, "Node %d did not describe itself: %s", node, reply.error.reason)

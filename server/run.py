@@ -40,6 +40,7 @@ from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.training import evaluate, model_sha256
 from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo, describe_nodes, discover
+from server.exchange import send_and_receive
 from server.history import History, RoundLog, by_client, epsilon_summary
 from server.ledger import ServerLedger
 from server.state import Checkpoint, ServerState
@@ -143,13 +144,12 @@ def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: Arra
            timeout: float) -> ArrayRecord:
     """One round of training (and federated evaluation where asked); the new global model.
     Replies later than ``timeout`` seconds are not waited for: that node failed the round."""
-    replies = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid),
-                                    timeout=timeout)
+    replies = send_and_receive(grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid), timeout)
     aggregated, _ = strategy.aggregate_train(server_round, replies)
     arrays = arrays if aggregated is None else aggregated
     messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord({protocol.MODEL: model_name}), grid)
     if messages:
-        strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
+        strategy.aggregate_evaluate(server_round, send_and_receive(grid, messages, timeout))
     return arrays
 
 
