@@ -21,8 +21,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torchvision
-from sklearn.datasets import load_digits, load_iris
-from sklearn.model_selection import train_test_split
 
 from fedpriv.seeding import derive_seed
 
@@ -93,6 +91,8 @@ def _cifar10(data_dir: Path, train: bool, download: bool, limit: int | None, see
 
 def _split(x: np.ndarray, y: np.ndarray, train: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Stratified, seeded train/test split: the same seed gives the same partition."""
+    from sklearn.model_selection import train_test_split  # scikit-learn only for its data sets
+
     parts = train_test_split(
         x, y, test_size=SKLEARN_TEST_FRACTION, stratify=y,
         random_state=derive_seed(seed, "split") % 2**32,
@@ -101,6 +101,8 @@ def _split(x: np.ndarray, y: np.ndarray, train: bool, seed: int) -> tuple[np.nda
 
 
 def _digits(data_dir: Path, train: bool, download: bool, limit: int | None, seed: int) -> TensorPair:
+    from sklearn.datasets import load_digits
+
     bunch = load_digits()
     x, y = _split(bunch.images / 16.0, bunch.target, train, seed)  # pixels 0..16 -> [0, 1]
     features = torch.from_numpy(x[:limit]).float().unsqueeze(1)  # N × 1 × 8 × 8
@@ -108,6 +110,8 @@ def _digits(data_dir: Path, train: bool, download: bool, limit: int | None, seed
 
 
 def _iris(data_dir: Path, train: bool, download: bool, limit: int | None, seed: int) -> TensorPair:
+    from sklearn.datasets import load_iris
+
     bunch = load_iris()
     x_train, _ = _split(bunch.data, bunch.target, True, seed)
     x, y = _split(bunch.data, bunch.target, train, seed)

@@ -39,3 +39,15 @@ def task_identity():
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     yield
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for a test of many tiny tensor ops: two threads that contend with
+    other jobs for 2 cores wait on each other at every op (several times slower under load)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

@@ -112,6 +112,7 @@ def test_second_call_hits_and_is_bitwise_the_computation(tmp_path: Path, computa
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]  # no temp files left
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # six transforms of 16×16 images
 def test_other_images_or_parameters_miss(tmp_path: Path, computations: list[int],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     images = _images()

@@ -10,6 +10,7 @@ never overshoots the target, and v minus one unit in the last digit would.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -31,6 +32,13 @@ def round_up_3(x: float) -> float:
 def unit_3(x: float) -> float:
     """One unit in the 3rd significant digit of x."""
     return 10.0 ** (math.floor(math.log10(x)) - 2)
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(event: DpEvent, delta: float, kind: AccountantKind) -> float:
+    """``epsilon_of``, memoised: calibrations at one (q, steps, δ) for several targets (a
+    figure's curve) ask for the same σ's — the bracket's powers of 2, its first midpoints."""
+    return epsilon_of(event, delta, kind)
 
 
 def calibrate_noise_multiplier(
@@ -59,7 +67,7 @@ def calibrate_noise_multiplier(
 
     def ok(sigma: float) -> bool:
         event = dpsgd_event(sigma, sample_rate, steps)
-        return epsilon_of(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
+        return _epsilon(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
 
     lo, hi = 0.5, 1.0
     while not ok(hi):

@@ -189,6 +189,7 @@ def _evaluate(context, run_key="run-a", server_round=1):
     return _send(context, RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}), MessageType.EVALUATE)
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # 200 evaluations of a small CNN
 def test_evaluate_is_refused_by_default_and_noisy_and_booked_when_allowed(run_config, tmp_path):
     refused = _evaluate(_context(run_config, tmp_path / "default", **{"epsilon-budget": math.inf}))
     assert refused.has_error() and "allow-evaluate" in refused.error.reason
@@ -241,6 +242,7 @@ def test_a_malformed_train_message_is_refused_and_books_nothing(run_config, tmp_
     assert not (tmp_path / "ledger.json").exists()
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # 200 evaluations of a small CNN
 def test_an_evaluation_releases_each_records_loss_clipped_whatever_the_model(run_config, tmp_path):
     # The curious server sends a model whose loss is NaN on every record (the NaN-oracle
     # weights): each record must still count at most LOSS_CLIP in the loss sum, so the

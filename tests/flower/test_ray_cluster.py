@@ -27,14 +27,16 @@ def _ray_pids(marker: str) -> list[int]:
 
 
 def _stop_cluster(marker: str) -> None:
-    """Stop, by PID, every Ray process of the cluster whose temp folder is ``marker``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """Stop, by PID, every Ray process of the cluster whose temp folder is ``marker``. Ray's
+    GCS, raylets and autoscaler monitor outlive a SIGTERM (still there 12 s later, here), so
+    each gets 2 s to exit on it before the SIGKILL, which has 10 s to take effect."""
+    for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
         for pid in _ray_pids(marker):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace
         while _ray_pids(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
 
