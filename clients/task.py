@@ -123,7 +123,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     report = train_round(
         model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
         client=int(cid), round_=server_round, device=default_device(),
-        secure=policy.randomness is Randomness.SECURE, num_examples=num_examples,
+        secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
     )
     assert report.events == events, "training spent other events than were booked"
     return RecordDict({

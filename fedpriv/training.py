@@ -213,13 +213,17 @@ _STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
 
 
 def with_physical_batch(
-    plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False
+    plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False,
+    fit: bool = False,
 ) -> TrainingPlan:
     """``plan`` with a physical batch: its own, or the largest whose measured step (with the
     plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
-    ``device_budget(device)``, at most ``len(features)``.  ``model`` is on ``device``; its
-    step memory is measured once per process for each kind of step."""
-    if plan.max_physical_batch_size is not None:
+    ``device_budget(device)``, at most ``len(features)``. With ``fit``, the plan's own is only
+    an upper bound (a request from a server, which knows nothing of this device): the
+    smaller of the two. ``model`` is on ``device``; its step memory is measured once per
+    process for each kind of step."""
+    requested = plan.max_physical_batch_size
+    if requested is not None and not fit:
         return plan
     device = torch.device(device)
     config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
@@ -230,7 +234,7 @@ def with_physical_batch(
             model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype
         )
     size = fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features))
-    return dataclasses.replace(plan, max_physical_batch_size=size)
+    return dataclasses.replace(plan, max_physical_batch_size=size if requested is None else min(size, requested))
 
 
 def make_optimizer(model: nn.Module, plan: TrainingPlan, round_: int) -> torch.optim.Optimizer:
@@ -254,6 +258,7 @@ def train_round(
     progress: bool = False,
     secure: bool = False,
     num_examples: int | None = None,
+    fit_physical_batch: bool = False,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
 
@@ -267,7 +272,9 @@ def train_round(
     q = ``plan.sample_rate(ñ)``, ``plan.steps_per_round(ñ)`` steps, and the noisy clipped
     sum divided by q·ñ, so nothing but ñ depends on the private N = ``len(labels)``.
     None means ñ = N (a public N; the centralized run and simulations).
-    A plan without a physical batch gets one for ``device`` (``with_physical_batch``).
+    A plan without a physical batch gets one for ``device`` (``with_physical_batch``); with
+    ``fit_physical_batch`` a plan's own is capped at that too (a node, whose plan comes from
+    the server, never computes more at once than its memory holds).
     """
     if num_examples is None:
         num_examples = len(labels)
@@ -276,7 +283,7 @@ def train_round(
     device = torch.device(device)
     model.to(device)
     features, labels = features.to(device), labels.to(device)
-    config = with_physical_batch(plan, model, features, device, secure).dpsgd_config(num_examples)
+    config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch).dpsgd_config(num_examples)
     if secure:
         config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
     else:

@@ -15,6 +15,8 @@ from clients.task import local_data
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import LOSS_CLIP
 from fedpriv.federation.settings import RunSettings
+from fedpriv.dpsgd import train_dpsgd
+from fedpriv.dpsgd.memory import measure_step_memory
 from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
@@ -298,3 +300,28 @@ def test_a_node_without_its_data_refuses_before_booking_anything(run_config, sha
     assert not (tmp_path / "state" / "ledger.json").exists()
     assert not (tmp_path / "state" / "releases.json").exists()
     assert list(own.iterdir()) == []
+
+
+def test_a_server_cannot_make_a_node_compute_more_at_once_than_its_memory_holds(run_config, tmp_path, monkeypatch):
+    # The server asks for one physical batch of a million examples (a lot of every record at
+    # once could exhaust the node's memory). The node's own device budget here fits 10.
+    import fedpriv.training as training
+
+    secure_step = dataclasses.replace(PLAN.dpsgd_config(N, physical_batch=1), secure_mode=True)  # the node's noise
+    memory = measure_step_memory(build_model(PLAN.model, 0), (1, 28, 28), secure_step,
+                                 optimizer=lambda m: training.make_optimizer(m, PLAN, 1))
+    monkeypatch.setattr(training, "device_budget", lambda device: memory.bytes_at(10))
+    used = []
+
+    def recording_train_dpsgd(*args, config, **kwargs):
+        used.append(config.max_physical_batch_size)
+        return train_dpsgd(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(training, "train_dpsgd", recording_train_dpsgd)
+    policy = {"epsilon-budget": math.inf, "public-num-examples": True}
+    for requested in (10**6, 7):
+        reply = _train(_context(run_config, tmp_path / str(requested), **policy),
+                       plan=dataclasses.replace(PLAN, max_physical_batch_size=requested))
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    # Assert: the node trained in batches that fit its memory; a smaller request it keeps
+    assert used == [10, 7]
