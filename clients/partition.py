@@ -49,8 +49,8 @@ class Split:
             if self._partitioner is None:
                 idx = np.arange(self._size)
             else:
-                part = self._partitioner.load_partition(partition_id)
-                idx = np.sort(np.asarray(part["index"], dtype=np.int64))
+                part = self._partitioner.load_partition(partition_id).with_format("arrow")  # one column copy,
+                idx = np.sort(part["index"].to_numpy().astype(np.int64))  # not a Python object per row
             idx.flags.writeable = False
             self._indices[partition_id] = idx
         return self._indices[partition_id]
