@@ -346,6 +346,32 @@ def test_a_valid_projection_trains_and_books_the_round(shared_data_dir, tmp_path
     assert list(_node_entries(tmp_path, 0).values()) == [(dpsgd_event(4.0, 0.1, 2),)]
 
 
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("algorithm", ["dppca", "dppca-train"])
+def test_a_node_has_booked_its_release_when_it_reads_its_images(shared_data_dir, tmp_path, monkeypatch, algorithm):
+    # Whatever happens after the read (a crash, a kill), the release is already in the
+    # node's durable ledger: the ledger is read at the moment each node reads its images.
+    import clients.classic_app as classic_app
+    from server.classic import Shares, _ask
+
+    real_share, booked_at_read = classic_app._mnist_share, []
+
+    def recording_share(node, *args):
+        booked_at_read.append((node.client, list(_node_entries(tmp_path, node.client).values())))
+        return real_share(node, *args)
+
+    monkeypatch.setattr(classic_app, "_mnist_share", recording_share)
+    if algorithm == "dppca":
+        config, arrays, size, event = _dppca_request(None), {}, 784 * 784, pca_event(12.4)
+    else:
+        (config, arrays), event = _train_request(_orthonormal), dpsgd_event(4.0, 0.1, 2)
+        size = len(arrays["weights"])
+    shares = Shares()
+    _, accepted = _ask(_grid(tmp_path, shared_data_dir), config, arrays, size, event, shares)
+    assert accepted == 2 and not shares.refused
+    assert booked_at_read == [(0, [(event,)]), (1, [(event,)])]
+
+
 @pytest.mark.parametrize("projection, message", [
     (np.eye(784)[:, :0], "shape"),
     (np.eye(10), "shape"),
