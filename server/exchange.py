@@ -14,7 +14,11 @@ from collections.abc import Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
-from flwr.superlink.grid import HttpGrid
+
+try:  # the deployed ServerApp's Grid in flwr 1.41; another Flower may name or place it differently
+    from flwr.superlink.grid import HttpGrid as SLOW_POLLING_GRIDS
+except ImportError:  # then every Grid keeps its own send_and_receive (correct, only slower)
+    SLOW_POLLING_GRIDS = ()
 
 PULL_INTERVAL_S = 0.1
 """Seconds between pulls while replies are outstanding (Flower's in-memory Grid's interval)."""
@@ -24,7 +28,7 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
     """Push ``messages``; the replies that arrived before all came in or ``timeout`` s passed
     (None: wait for every one). A reply answers one pushed message; nodes that never reply
     are the caller's to notice."""
-    if not isinstance(grid, HttpGrid):
+    if not isinstance(grid, SLOW_POLLING_GRIDS):
         return list(grid.send_and_receive(messages, timeout=timeout))
     waiting = set(grid.push_messages(messages))
     deadline = None if timeout is None else time.monotonic() + timeout
