@@ -49,8 +49,9 @@ class Split:
             if self._partitioner is None:
                 idx = np.arange(self._size)
             else:
-                part = self._partitioner.load_partition(partition_id).with_format("arrow")  # one column copy,
-                idx = np.sort(part["index"].to_numpy().astype(np.int64))  # not a Python object per row
+                # the index column as one Arrow array to numpy, not a Python object per row
+                part = self._partitioner.load_partition(partition_id).with_format("arrow")
+                idx = np.sort(part["index"].to_numpy().astype(np.int64))
             idx.flags.writeable = False
             self._indices[partition_id] = idx
         return self._indices[partition_id]

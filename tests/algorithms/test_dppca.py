@@ -245,6 +245,7 @@ def test_a_node_reads_its_own_data_folder_never_the_one_the_server_names(shared_
     _, accepted = _ask(_grid(tmp_path / "bare", tmp_path / "empty"), _dppca_request(str(shared_data_dir)), {},
                        784 * 784, pca_event(12.4), shares)
     assert accepted == 0 and len(shares.refused) == 2 and all("MNIST" in r for r in shares.refused.values())
+    assert all(str(tmp_path / "empty") not in r for r in shares.refused.values())  # its path is its own
     assert not _node_entries(tmp_path / "bare", 0) and not _node_entries(tmp_path / "bare", 1)
 
 

@@ -12,11 +12,12 @@ from scipy import stats
 
 from clients.client_app import app
 from clients.task import local_data
+from fedpriv import training
+from fedpriv.dpsgd import train_dpsgd
+from fedpriv.dpsgd.memory import measure_step_memory
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import LOSS_CLIP
 from fedpriv.federation.settings import RunSettings
-from fedpriv.dpsgd import train_dpsgd
-from fedpriv.dpsgd.memory import measure_step_memory
 from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
@@ -305,8 +306,6 @@ def test_a_node_without_its_data_refuses_before_booking_anything(run_config, sha
 def test_a_server_cannot_make_a_node_compute_more_at_once_than_its_memory_holds(run_config, tmp_path, monkeypatch):
     # The server asks for one physical batch of a million examples (a lot of every record at
     # once could exhaust the node's memory). The node's own device budget here fits 10.
-    import fedpriv.training as training
-
     secure_step = dataclasses.replace(PLAN.dpsgd_config(N, physical_batch=1), secure_mode=True)  # the node's noise
     memory = measure_step_memory(build_model(PLAN.model, 0), (1, 28, 28), secure_step,
                                  optimizer=lambda m: training.make_optimizer(m, PLAN, 1))
