@@ -84,7 +84,7 @@ def export_cache_dir(value: str | os.PathLike[str] | bool) -> Path | None:
 def _cpu_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes in C order (a view where it already is a contiguous CPU tensor)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
@@ -137,7 +137,7 @@ def save_tensor(path: str | os.PathLike[str], tensor: torch.Tensor, params: Mapp
     # One buffer, one write (write_bytes_atomic takes the whole file at once); the tensor is
     # copied straight into it, from whatever device it is on.
     buffer = np.empty(start + nbytes, dtype=np.uint8)
-    payload = memoryview(buffer[start:])
+    payload = buffer[start:].data
     if nbytes:
         torch.from_numpy(buffer[start:]).view(tensor.dtype).copy_(tensor.detach().reshape(-1))
     text = header(hashlib.sha256(payload).hexdigest())
@@ -145,7 +145,7 @@ def save_tensor(path: str | os.PathLike[str], tensor: torch.Tensor, params: Mapp
     buffer[: len(_MAGIC)] = np.frombuffer(_MAGIC, dtype=np.uint8)
     buffer[len(_MAGIC) : len(_MAGIC) + 8] = np.frombuffer(struct.pack("<Q", length), dtype=np.uint8)
     buffer[len(_MAGIC) + 8 : start] = np.frombuffer(text.ljust(start - len(_MAGIC) - 8), dtype=np.uint8)
-    write_bytes_atomic(path, memoryview(buffer))
+    write_bytes_atomic(path, buffer.data)
 
 
 def _aligned(header_length: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -153,7 +153,7 @@ def load_dataset(
     return TensorPair(features.to(device), labels.to(device))
 
 
-def _torchvision_files(cls: type, root: Path) -> list[Path]:
+def _torchvision_files(cls: Any, root: Path) -> list[Path]:
     """The files torchvision's ``cls`` reads under ``root`` (from the class's own tables)."""
     if hasattr(cls, "resources"):  # MNIST: the decompressed idx files in <root>/MNIST/raw
         return [root / cls.__name__ / "raw" / Path(url).stem for url, _ in cls.resources]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync and
     ``os.replace``; on any failure the temp file is removed and the old file is intact."""
     path = Path(path)

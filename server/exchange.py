@@ -15,8 +15,11 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+SLOW_POLLING_GRIDS: tuple[type[Grid], ...]
 try:  # the deployed ServerApp's Grid in flwr 1.41; another Flower may name or place it differently
-    from flwr.superlink.grid import HttpGrid as SLOW_POLLING_GRIDS
+    from flwr.superlink.grid import HttpGrid
+
+    SLOW_POLLING_GRIDS = (HttpGrid,)
 except ImportError:  # then every Grid keeps its own send_and_receive (correct, only slower)
     SLOW_POLLING_GRIDS = ()
 

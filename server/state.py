@@ -56,7 +56,8 @@ class ServerState:
         previous = self._model_name()
         name = f"model-{checkpoint.run_key}-{checkpoint.completed_round}.npz"
         buffer = io.BytesIO()
-        np.savez(buffer, **{key: array.numpy() for key, array in arrays.items()})
+        named: dict[str, Any] = {key: array.numpy() for key, array in arrays.items()}
+        np.savez(buffer, **named)
         write_bytes_atomic(self.folder / name, buffer.getvalue())
         write_json_atomic(self.folder / CHECKPOINT, {**checkpoint.__dict__, "model": name})
         if previous and previous != name:

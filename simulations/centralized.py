@@ -29,6 +29,7 @@ from simulations._cli import (
 )
 
 if TYPE_CHECKING:
+    from fedpriv.privacy.events import DpEvent
     from fedpriv.training import TrainingPlan
 
 # torch, the data sets and fedpriv's training are imported once the flags are checked, so
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     model = build_model(plan.model, args.seed).to(device)
     plan = with_physical_batch(plan, model, train_inputs, device)  # once: the same for every epoch
     start = time.perf_counter()
-    events = []
+    events: list[DpEvent] = []
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
     for epoch in bar:
         seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch - 1)  # as a simulated node's

@@ -278,11 +278,12 @@ def _timeline(
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     copied = copy.deepcopy(model)
     opt = optimizer(copied) if optimizer else torch.optim.SGD(copied.parameters(), lr=0.0, momentum=0.9)
-    generators: dict[str, torch.Generator | None] = {"sampling_generator": None, "noise_generator": None}
-    if not probe.secure_mode:
-        generators = {name: torch.Generator(device).manual_seed(0) for name in generators}
+    def generator() -> torch.Generator | None:
+        return None if probe.secure_mode else torch.Generator(device).manual_seed(0)
+
     with _LiveBytes() as counter:
-        train_dpsgd(copied, features, labels, config=probe, steps=1, optimizer=opt, loss_fn=loss_fn, **generators)
+        train_dpsgd(copied, features, labels, config=probe, steps=1, optimizer=opt, loss_fn=loss_fn,
+                    sampling_generator=generator(), noise_generator=generator())
     return counter.timeline
 
 

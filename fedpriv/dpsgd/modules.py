@@ -41,9 +41,9 @@ def _mixes_examples(module: nn.Module) -> bool:
     return isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats
 
 
-def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """The parameters DP-SGD privatises, by name, in ``named_parameters`` order."""
-    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    params: dict[str, torch.Tensor] = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if not params:
         raise UnsupportedModuleError("the model has no trainable parameters")
     return params

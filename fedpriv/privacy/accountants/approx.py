@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import math
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import dp_accounting
 from scipy.optimize import brentq
@@ -36,7 +36,7 @@ def _laplace_epsilon(m: LaplaceEvent, step_delta: float) -> float:
     return math.inf if m.noise_multiplier == 0 else 1.0 / m.noise_multiplier
 
 
-BASE_EPSILON: dict[type, Callable[[Mechanism, float], float]] = {
+BASE_EPSILON: dict[type, Callable[[Any, float], float]] = {
     GaussianEvent: _gaussian_epsilon,
     LaplaceEvent: _laplace_epsilon,
 }
@@ -47,17 +47,17 @@ def amplify(epsilon: float, sample_rate: float) -> float:
     return epsilon if sample_rate == 1 else math.log1p(sample_rate * math.expm1(epsilon))
 
 
-class ApproxDpAccountant(Accountant):
+class ApproxDpAccountant(Accountant[Counter[Step]]):
     """Keeps counted steps; subclasses define ε(δ); δ(ε) inverts it by bisection."""
 
     def __init__(self) -> None:
         self._steps: Counter[Step] = Counter()
 
-    def _plan(self, event: DpEvent) -> Counter[Step]:
+    def _prepare(self, event: DpEvent) -> Counter[Step]:
         return flatten(event)
 
-    def _apply(self, plan: Counter[Step]) -> None:
-        self._steps.update(plan)
+    def _apply(self, prepared: Counter[Step]) -> None:
+        self._steps.update(prepared)
 
     @property
     def _delta_weight(self) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+from typing import Generic, TypeVar
 
 from fedpriv.privacy.events import DpEvent
 
@@ -51,25 +52,28 @@ def check_epsilon(epsilon: float) -> float:
     return float(epsilon)
 
 
-class Accountant(abc.ABC):
+Prepared = TypeVar("Prepared")
+"""What a backend computes from an event before it touches its state (an RDP curve, a ρ, ...)."""
+
+
+class Accountant(abc.ABC, Generic[Prepared]):
     """Composes privacy events and converts the total into (ε, δ)-DP statements."""
 
     kind: AccountantKind
 
-    def compose(self, event: DpEvent) -> Accountant:
+    def compose(self, event: DpEvent) -> Accountant[Prepared]:
         """Add ``event`` to the total; validate-then-mutate (see module docstring)."""
-        plan = self._plan(event)
-        self._apply(plan)
+        self._apply(self._prepare(event))
         return self
 
     @abc.abstractmethod
-    def _plan(self, event: DpEvent) -> object:
+    def _prepare(self, event: DpEvent) -> Prepared:
         """Everything ``_apply`` needs, computed without touching state; raises
         ``UnsupportedEventError`` when the event cannot be accounted for."""
 
     @abc.abstractmethod
-    def _apply(self, plan: object) -> None:
-        """Mutate state with a validated plan; must not raise."""
+    def _apply(self, prepared: Prepared) -> None:
+        """Mutate state with a validated event; must not raise."""
 
     def epsilon(self, delta: float) -> float:
         """Smallest ε this accountant can certify at ``delta`` (∞ if none)."""

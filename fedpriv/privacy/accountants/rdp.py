@@ -81,7 +81,7 @@ def step_rdp(step: Step, orders: tuple[float, ...] = ORDERS) -> np.ndarray:
     return curve
 
 
-class RdpAccountant(Accountant):
+class RdpAccountant(Accountant[np.ndarray]):
     """Rényi-DP accountant on the ``ORDERS`` grid; state is the total RDP vector."""
 
     kind = AccountantKind.RDP
@@ -90,15 +90,15 @@ class RdpAccountant(Accountant):
         self._orders = tuple(float(a) for a in orders)
         self._rdp = np.zeros(len(self._orders))
 
-    def _plan(self, event: DpEvent) -> np.ndarray:
+    def _prepare(self, event: DpEvent) -> np.ndarray:
         steps: Counter[Step] = flatten(event)
         total = np.zeros(len(self._orders))
         for step, count in steps.items():
             total = total + count * step_rdp(step, self._orders)
         return total
 
-    def _apply(self, plan: np.ndarray) -> None:
-        self._rdp = self._rdp + plan
+    def _apply(self, prepared: np.ndarray) -> None:
+        self._rdp = self._rdp + prepared
 
     def _epsilon(self, delta: float) -> float:
         if not self._rdp.any():

@@ -12,13 +12,13 @@ from fedpriv.privacy.accountants.base import Accountant, UnsupportedEventError
 from fedpriv.privacy.events import DpEvent, EventError, to_dp_accounting
 
 
-class DpAccountingAccountant(Accountant):
+class DpAccountingAccountant(Accountant[dp_accounting.DpEvent]):
     """An ``Accountant`` backed by a dp-accounting accountant instance."""
 
     def __init__(self, backend: dp_accounting.PrivacyAccountant) -> None:
         self._backend = backend
 
-    def _plan(self, event: DpEvent) -> dp_accounting.DpEvent:
+    def _prepare(self, event: DpEvent) -> dp_accounting.DpEvent:
         try:
             translated = to_dp_accounting(event)
         except EventError as err:
@@ -27,8 +27,8 @@ class DpAccountingAccountant(Accountant):
             raise UnsupportedEventError(f"{self.kind.value} accountant does not support {event!r}")
         return translated
 
-    def _apply(self, plan: dp_accounting.DpEvent) -> None:
-        self._backend.compose(plan)
+    def _apply(self, prepared: dp_accounting.DpEvent) -> None:
+        self._backend.compose(prepared)
 
     def _epsilon(self, delta: float) -> float:
         return float(self._backend.get_epsilon(delta))

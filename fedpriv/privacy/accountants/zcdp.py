@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind
 from fedpriv.privacy.accountants.steps import Mechanism, Step, flatten
@@ -32,7 +32,7 @@ def _laplace_rho(m: LaplaceEvent) -> float:
     return math.inf if m.noise_multiplier == 0 else 0.5 / m.noise_multiplier**2
 
 
-RHO: dict[type, Callable[[Mechanism], float]] = {GaussianEvent: _gaussian_rho, LaplaceEvent: _laplace_rho}
+RHO: dict[type, Callable[[Any], float]] = {GaussianEvent: _gaussian_rho, LaplaceEvent: _laplace_rho}
 
 
 def rho_of(steps: Counter[Step]) -> float:
@@ -45,7 +45,7 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
-class ZcdpAccountant(Accountant):
+class ZcdpAccountant(Accountant[float]):
     """zCDP accountant; state is the total ρ."""
 
     kind = AccountantKind.ZCDP
@@ -53,11 +53,11 @@ class ZcdpAccountant(Accountant):
     def __init__(self) -> None:
         self.rho = 0.0
 
-    def _plan(self, event: DpEvent) -> float:
+    def _prepare(self, event: DpEvent) -> float:
         return rho_of(flatten(event))
 
-    def _apply(self, plan: float) -> None:
-        self.rho += plan
+    def _apply(self, prepared: float) -> None:
+        self.rho += prepared
 
     def _epsilon(self, delta: float) -> float:
         return zcdp_epsilon(self.rho, delta)
