@@ -155,8 +155,8 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
             node = {"partition-id": client, "num-partitions": num_clients}
             data = local_data(settings, node, data_dir, model=plan.model)
             model.load_state_dict(global_state)
-            report = train_round(model, data.features, data.labels, plan, settings.seed, client,
-                                 round_, default_device())
+            report = train_round(model, data.features, data.labels, plan, seed=settings.seed, client=client,
+                                 round_=round_, device=default_device())
             state = {k: v.detach().cpu() * report.num_examples for k, v in model.state_dict().items()}
             total = state if total is None else {k: total[k] + state[k] for k in total}
             weight += report.num_examples

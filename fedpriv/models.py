@@ -30,6 +30,7 @@ follows the weights' layout.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import torch
@@ -186,3 +187,11 @@ def build_model(name: str, seed: int, **kwargs: int) -> nn.Module:
         torch.manual_seed(derive_seed(seed, "model"))
         model = _BUILDERS[name](**kwargs)
     return model.to(memory_format=torch.channels_last) if name in CHANNELS_LAST else model
+
+
+def model_sha256(model: nn.Module) -> str:
+    """SHA-256 of the state dict's tensors as float32 bytes, in state-dict order."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -35,9 +35,9 @@ from tqdm import tqdm
 from fedpriv.data import load_dataset
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings, SettingsError
-from fedpriv.models import build_model, model_inputs
+from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
-from fedpriv.training import evaluate, model_sha256
+from fedpriv.training import evaluate
 from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo, describe_nodes, discover
 from server.exchange import send_and_receive

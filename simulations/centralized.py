@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from fedpriv.data import load_dataset
-    from fedpriv.models import build_model, model_inputs
+    from fedpriv.models import build_model, model_inputs, model_sha256
     from fedpriv.privacy import ComposedEvent, epsilon_of
     from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
     from fedpriv.training import (
@@ -90,7 +90,6 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         default_device,
         default_epochs,
         evaluate,
-        model_sha256,
         train_round,
         with_physical_batch,
     )
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
     for epoch in bar:
         seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch - 1)  # as a simulated node's
-        report = train_round(model, train_inputs, train.labels, plan, seed, 0, epoch, device)
+        report = train_round(model, train_inputs, train.labels, plan, seed=seed, client=0, round_=epoch, device=device)
         events.extend(report.events)
         bar.set_postfix(loss=f"{report.mean_loss:.3f}")
     seconds = time.perf_counter() - start

@@ -181,7 +181,7 @@ def train_mlp(args: argparse.Namespace, plan: TrainingPlan, projection: torch.Te
         for client in ledger.clients():  # raises past the budget
             ledger.record(client, TRAIN_ENTRY.format(epoch), plan.round_events(len(train.labels)))
         seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch)
-        report = train_round(model, x_train, train.labels, plan, seed, 0, epoch, "cpu")
+        report = train_round(model, x_train, train.labels, plan, seed=seed, client=0, round_=epoch, device="cpu")
         if epoch % 5 == 0 or epoch == args.epochs:
             progress(f"epoch {epoch}/{args.epochs}: loss {report.mean_loss:.3f}, "
                      f"test accuracy {evaluate(model, x_test, test.labels)[1]:.4f}")

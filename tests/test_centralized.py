@@ -13,14 +13,13 @@ import pytest
 import torch
 
 from fedpriv.data import load_dataset
-from fedpriv.models import build_model
+from fedpriv.models import build_model, model_sha256
 from fedpriv.privacy import ComposedEvent, epsilon_of
 from fedpriv.training import (
     TrainingPlan,
     calibrate_plan,
     default_plan,
     evaluate,
-    model_sha256,
     train_round,
 )
 from simulations import centralized

@@ -7,8 +7,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from fedpriv.models import CHANNELS_LAST, MODELS, build_model, input_shape, model_inputs
-from fedpriv.training import model_sha256
+from fedpriv.models import CHANNELS_LAST, MODELS, build_model, input_shape, model_inputs, model_sha256
 
 IMAGES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32), "scatter_linear": (1, 28, 28),
           "scatter_cnn": (1, 28, 28)}

@@ -17,7 +17,7 @@ from conftest import generators, make_data
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-import fedpriv.training
+import fedpriv.training.local
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.dpsgd.memory import (
     CPU_STEP_BYTES,
@@ -35,8 +35,8 @@ from fedpriv.dpsgd.memory import (
     gpu_share,
     measure_step_memory,
 )
-from fedpriv.models import build_model
-from fedpriv.training import TrainingPlan, model_sha256, train_round, with_physical_batch
+from fedpriv.models import build_model, model_sha256
+from fedpriv.training import TrainingPlan, train_round, with_physical_batch
 
 MNIST = (1, 28, 28)
 GIB = 1 << 30
@@ -156,13 +156,13 @@ def test_the_physical_batch_changes_memory_not_the_update() -> None:
 
 def test_auto_fits_the_budget_and_the_override_wins(monkeypatch) -> None:
     x, y = _data()
-    monkeypatch.setattr(fedpriv.training, "device_budget", lambda device: 1000)  # not one example
+    monkeypatch.setattr(fedpriv.training.local, "device_budget", lambda device: 1000)  # not one example
     with pytest.raises(MemoryBudgetError):
         train_round(build_model("cnn", 0), x, y, PLAN, seed=7, client=0, round_=1, device="cpu")
     forced = dataclasses.replace(PLAN, max_physical_batch_size=3)
     assert with_physical_batch(forced, build_model("cnn", 0), x, "cpu") is forced
     train_round(build_model("cnn", 0), x, y, forced, seed=7, client=0, round_=1, device="cpu")
-    monkeypatch.setattr(fedpriv.training, "device_budget", lambda device: GIB)
+    monkeypatch.setattr(fedpriv.training.local, "device_budget", lambda device: GIB)
     assert with_physical_batch(PLAN, build_model("cnn", 0), x, "cpu").max_physical_batch_size == 40
 
 

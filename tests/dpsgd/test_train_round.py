@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import make_data
 
-from fedpriv.models import build_model
-from fedpriv.training import TrainingPlan, model_sha256, train_round
+from fedpriv.models import build_model, model_sha256
+from fedpriv.training import TrainingPlan, train_round
 
 PLAN = TrainingPlan(model="mlp", lot_size=8, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1, momentum=0.0)
 

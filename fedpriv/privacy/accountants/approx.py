@@ -22,7 +22,7 @@ from scipy.optimize import brentq
 
 from fedpriv.privacy._search import bisect
 from fedpriv.privacy.accountants.base import Accountant
-from fedpriv.privacy.accountants.steps import Mechanism, Step, flatten
+from fedpriv.privacy.accountants.steps import Step, flatten
 from fedpriv.privacy.events import DpEvent, GaussianEvent, LaplaceEvent
 
 

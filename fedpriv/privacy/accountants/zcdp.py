@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind
-from fedpriv.privacy.accountants.steps import Mechanism, Step, flatten
+from fedpriv.privacy.accountants.steps import Step, flatten
 from fedpriv.privacy.events import DpEvent, GaussianEvent, LaplaceEvent
 
 

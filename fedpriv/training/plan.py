@@ -1,41 +1,24 @@
-"""The one local-training routine: centralized baseline and Flower client both call it.
+"""A training plan: how one party trains locally in one round, what that round costs, and
+the defaults and σ calibration that choose it.
 
-``train_round(model, features, labels, plan, seed, client, round_, device)`` builds a
-fresh optimizer, takes ``round_generators(seed, client, round_)`` and runs
-``local_epochs × steps_per_epoch(q)`` DP-SGD steps at the plan's q (lot_size / ñ by
-default, ñ = N unless the caller passes a released estimate of a private N). Centralized
-training is ``train_round(..., client=0, round_=epoch)`` for epoch = 1..E, so a
-single-client federated run with one local epoch per round and R = E rounds reproduces
-its final parameters bit for bit (``model_sha256``) and its privacy events exactly.
-
-The physical batch (micro-batch size) is the plan's ``max_physical_batch_size`` or, where
-that is None, the largest whose measured step memory fits the device
-(``fedpriv.dpsgd.memory``); it splits the computation of a lot, never the lot itself.
-
-Invariant: nothing here depends on state carried across rounds (no optimizer state, no
-LR schedule outside ``plan``); everything a round needs is (plan, seed, client, round_).
+The plan is the one description a server sends and a node (or the centralized run) trains
+by: the LR is a function of the round only and nothing else carries across rounds, so a
+single-client federation with one local epoch per round reproduces the centralized run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from fedpriv.dpsgd import Clipping, DPSGDConfig, TrainReport, steps_per_epoch, train_dpsgd
-from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
+from fedpriv.dpsgd import Clipping, DPSGDConfig, steps_per_epoch
 from fedpriv.models import MODELS
 from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event
 from fedpriv.privacy.events import DpEvent
-from fedpriv.seeding import round_generators
 
 
 class LRSchedule(StrEnum):
@@ -202,128 +185,3 @@ def calibrate_plan(
         prior_events=prior_events,
     )
     return dataclasses.replace(plan, noise_multiplier=sigma)
-
-
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-_STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
-
-
-def with_physical_batch(
-    plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False,
-    fit: bool = False,
-) -> TrainingPlan:
-    """``plan`` with a physical batch: its own, or the largest whose measured step (with the
-    plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
-    ``device_budget(device)``, at most ``len(features)``. With ``fit``, the plan's own is only
-    an upper bound (a request from a server, which knows nothing of this device): the
-    smaller of the two. ``model`` is on ``device``; its step memory is measured once per
-    process for each kind of step."""
-    requested = plan.max_physical_batch_size
-    if requested is not None and not fit:
-        return plan
-    device = torch.device(device)
-    config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
-    sample_shape = tuple(features.shape[1:])
-    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device)
-    if key not in _STEP_MEMORY:
-        _STEP_MEMORY[key] = measure_step_memory(
-            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype
-        )
-    size = fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features))
-    return dataclasses.replace(plan, max_physical_batch_size=size if requested is None else min(size, requested))
-
-
-def make_optimizer(model: nn.Module, plan: TrainingPlan, round_: int) -> torch.optim.Optimizer:
-    """A fresh optimizer for round ``round_`` (no state crosses rounds)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    lr = plan.lr_at(round_)
-    if plan.optimizer is OptimizerKind.ADAM:
-        return torch.optim.Adam(params, lr=lr, betas=(plan.momentum, 0.999))
-    return torch.optim.SGD(params, lr=lr, momentum=plan.momentum)
-
-
-def train_round(
-    model: nn.Module,
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    plan: TrainingPlan,
-    seed: int,
-    client: int,
-    round_: int,
-    device: torch.device | str,
-    progress: bool = False,
-    secure: bool = False,
-    num_examples: int | None = None,
-    fit_physical_batch: bool = False,
-) -> TrainReport:
-    """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
-
-    Moves model and data to ``device``; the report's events, ``plan.round_events(ñ)``, are
-    the round's whole privacy cost. Lots and noise come from
-    ``round_generators(seed, client, round_)``; with ``secure`` both come from the OS
-    CSPRNG instead (not reproducible, and secret even from whoever knows ``seed``, which is
-    then unused).
-
-    ``num_examples`` is ñ, the public (released) data set size the plan is computed for:
-    q = ``plan.sample_rate(ñ)``, ``plan.steps_per_round(ñ)`` steps, and the noisy clipped
-    sum divided by q·ñ, so nothing but ñ depends on the private N = ``len(labels)``.
-    None means ñ = N (a public N; the centralized run and simulations).
-    A plan without a physical batch gets one for ``device`` (``with_physical_batch``); with
-    ``fit_physical_batch`` a plan's own is capped at that too (a node, whose plan comes from
-    the server, never computes more at once than its memory holds).
-    """
-    if num_examples is None:
-        num_examples = len(labels)
-    elif not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples < 1:
-        raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
-    device = torch.device(device)
-    model.to(device)
-    features, labels = features.to(device), labels.to(device)
-    config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch).dpsgd_config(num_examples)
-    if secure:
-        config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
-    else:
-        sampling, noise = round_generators(seed, client, round_, device=device)
-    return train_dpsgd(
-        model,
-        features,
-        labels,
-        config=config,
-        steps=plan.steps_per_round(num_examples),
-        optimizer=make_optimizer(model, plan, round_),
-        sampling_generator=sampling,
-        noise_generator=noise,
-        progress=progress,
-        expected_lot_size=config.sample_rate * num_examples,
-    )
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 4096
-) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on the data, in batches, without grad."""
-    if len(labels) == 0:
-        raise ValueError("cannot evaluate on an empty data set")
-    model.eval()
-    device = next(model.parameters()).device
-    loss, correct = 0.0, 0
-    for start in range(0, len(labels), batch_size):
-        x = features[start : start + batch_size].to(device)
-        y = labels[start : start + batch_size].to(device)
-        logits = model(x)
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == y).sum().item()
-    return loss / len(labels), correct / len(labels)
-
-
-def model_sha256(model: nn.Module) -> str:
-    """SHA-256 of the state dict's tensors as float32 bytes, in state-dict order."""
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()
