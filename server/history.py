@@ -39,7 +39,8 @@ def epsilon_summary(epsilons: Iterable[float]) -> str:
 
 @dataclass
 class RoundLog:
-    """One round: who was sampled, who refused/failed or was rejected, ε after it."""
+    """One round: who was sampled, who refused/failed or was rejected, ε after it, and why
+    the round's updates were discarded, if they were."""
 
     round: int
     participants: list[str]
@@ -51,6 +52,7 @@ class RoundLog:
     test_accuracy: float | None = None
     test_loss: float | None = None
     federated_evaluation: dict[str, Any] = field(default_factory=dict)
+    discarded: str | None = None  # why no update was aggregated although some passed (accept-failures)
 
 
 @dataclass

@@ -221,6 +221,10 @@ def federated_parser(dataset: str) -> Parser:
                                        "ledger under nodes/ (default: a temporary folder)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue the run in --state-dir from its last completed round")
+    p.add_argument("--accept-failures", action=argparse.BooleanOptionalAction, default=None,
+                   help="aggregate a round although a sampled client refused, failed or timed out; "
+                        "--no-accept-failures keeps the previous model then "
+                        f"(default: {'yes' if d['accept-failures'] else 'no'})")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")

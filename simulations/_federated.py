@@ -51,7 +51,7 @@ _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
-    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume",
+    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures",
 )
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}

@@ -69,6 +69,7 @@ class RunSettings:
     state_dir: str | None = None
     resume: bool = False
     round_timeout: float = 3600.0
+    accept_failures: bool = True
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -139,7 +140,7 @@ def _parse(field: str, value: Any) -> Any:
             return str(value) or None
         if field == "dataset":
             return str(value)
-        if field in ("download", "resume"):
+        if field in ("download", "resume", "accept_failures"):
             if not isinstance(value, bool):
                 raise TypeError
             return value
