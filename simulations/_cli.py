@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from simulations._project import PROJECT_ROOT
+
 CACHE_ENV = "FEDPRIV_CACHE_DIR"
 CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
               "'off' disables it)")
@@ -232,18 +233,3 @@ def federated_parser(dataset: str) -> Parser:
                    help="default with CUDA: the share of the GPU a client's measured DP-SGD step needs; else 0")
     add_cache_dir(p)
     return p
-
-
-def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m simulations.<dataset>``: a bad flag stops here, before torch, Flower and
-    Ray are imported; the cache folder is set before any of them is."""
-    parser = federated_parser(dataset)
-    use_cache_dir(parser, parser.parse_args(argv).cache_dir)
-    from simulations._federated import main
-
-    return main(dataset, argv)
-
-
-def entry_point(dataset: str) -> tuple[Callable[[], Parser], Callable[..., dict[str, Any]]]:
-    """``(build_parser, main)`` of ``simulations.<dataset>``."""
-    return functools.partial(federated_parser, dataset), functools.partial(run_federated, dataset)

@@ -42,8 +42,9 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import PROJECT_ROOT, federated_parser, flag_message, use_cache_dir
+from simulations._cli import federated_parser, flag_message, use_cache_dir
 from simulations._logging import quiet_console
+from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
 
 # flag -> run-config key, for the flags that map one to one
