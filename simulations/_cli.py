@@ -209,8 +209,8 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--partition", choices=["iid", "dirichlet", "shard"],
                    help=f"how the training set is split (default: {d['partition']})")
     p.add_argument("--alpha", type=positive, help=f"Dirichlet concentration (default: {d['alpha']})")
-    p.add_argument("--seed", type=int, help="seeds the server's sampling, partitions and model init, and "
-                                            f"the simulated nodes' randomness (default: {d['seed']})")
+    p.add_argument("--seed", type=int, help="seeds the server's sampling and model init, and the simulated "
+                                            f"nodes' randomness and partition key (default: {d['seed']})")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples (default: all)")
     p.add_argument("--limit-test", type=at_least(1), help="use the first N test examples (default: all)")
     p.add_argument("--data-dir", help="root folder of the data sets (default: $XDG_CACHE_HOME/fedpriv "
