@@ -8,8 +8,8 @@ flags become run-config overrides of ``[tool.flwr.app.config]``, fused exactly a
 ``_run_simulation`` the way Flower's own ``flwr-simulation`` process does.)
 
 The command is also the operator of the nodes it simulates, so it sets their privacy
-policy (``simulated_node_policy``): budget from the flags, seeded randomness from
-``--seed`` (reproducible, which a deployment must not be), N public unless
+policy (``simulated_node_policy``): budget from the flags, seeded randomness and one
+partition key for all its nodes from ``--seed`` (reproducible, which a deployment must not be), N public unless
 ``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
 durable ledger under ``--state-dir``/nodes/<partition id>, and their data folder from
 ``--data-dir`` (a node never reads the folder a run config names). Without ``--state-dir`` all
@@ -38,6 +38,7 @@ import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.seeding import SIMULATION_RUN_ID
@@ -119,6 +120,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "state-dir": str(state_dir / "nodes" / "{partition-id}"),
         "randomness": "seeded",
         "seed": int(run_config["seed"]),
+        "partition-key": int(run_config["seed"]),  # one key for all its nodes: reproducible shares
         "public-num-examples": num_examples_noise is None,
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
@@ -228,6 +230,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
+        warn_seeded()  # this process's one warning; each node process prints its own
         stack.enter_context(node_policy_env(policy, state_dir))
         wall = simulate(args.clients, overrides, backend_config(args, settings))
     out = Path(overrides["out"])
@@ -236,6 +239,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above")
     results = json.loads(results_path.read_text())
     results["simulation_wall_time_s"] = wall
+    results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
     write_json_atomic(results_path, results)
     from simulations._plots import plot_results
 
@@ -255,7 +259,7 @@ def _summary(results: dict[str, Any]) -> str:
         "test accuracy: " + ("n/a" if accuracy is None else f"{100 * accuracy:.2f} %")
         + ("" if rounds else " (initial model)"),
         f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}): "
-        f"{epsilon_summary(results['final_epsilon'].values())}",
+        f"{epsilon_summary(results['final_epsilon'].values(), results['randomness'])}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
         f"written: {out / 'results.json'}, {out / 'accuracy.png'}, {out / 'epsilon.png'}",
