@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -104,6 +105,27 @@ def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
         check_available(settings.dataset, settings.data_dir, settings.download)
     except DatasetNotFoundError as err:
         parser.error(str(err))
+
+
+def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int, partition_key: int) -> None:
+    """δ against the smallest simulated node's N (the command is its nodes' operator: it knows
+    their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
+    δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
+    from clients.partition import Split
+    from fedpriv.data import load_dataset
+
+    data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
+    split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
+    size, smallest = min((len(split.indices(p)), p) for p in range(num_clients))
+    if size == 0:
+        parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
+                     "(fewer clients, more data or another --partition)")
+    if settings.delta >= 1 / size:
+        parser.error(f"argument --delta: {settings.delta:g} is >= 1/N = {1 / size:.3g} for the smallest simulated "
+                     f"node (N = {size}): a δ that large allows publishing a record outright; use δ << 1/N")
+    if settings.delta > 1 / (10 * size):
+        print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
+              f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
@@ -224,6 +246,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
+    check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
     quiet_console()  # each log line once; no Ray accelerator tip
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
