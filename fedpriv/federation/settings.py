@@ -23,7 +23,7 @@ from fedpriv.training import LRSchedule
 
 
 class Partition(str, Enum):
-    """How the training set is split across clients (flwr-datasets partitioners)."""
+    """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
     IID = "iid"
     DIRICHLET = "dirichlet"
