@@ -87,8 +87,8 @@ def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
     policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
-    data = local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key)
-    n = len(data.labels)  # Refusal: nothing booked
+    # Refusal (the data is missing): nothing booked
+    n = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
     size = released_size(policy, settings, context.node_config, cid, n)
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
     return RecordDict({
