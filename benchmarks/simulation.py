@@ -145,7 +145,8 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
     model = build_model(plan.model, settings.seed)
     rng = random.Random(settings.seed)
     data_dir = settings.data_dir  # the loop is its nodes' operator: it reads the data from --data-dir
-    local_data(settings, {"partition-id": 0, "num-partitions": num_clients}, data_dir)
+    key = settings.seed  # its nodes' partition-key, as the simulation sets it (simulated_node_policy)
+    local_data(settings, {"partition-id": 0, "num-partitions": num_clients}, data_dir, partition_key=key)
     seconds = []
     for round_ in range(1, settings.rounds + 1):
         start = time.perf_counter()
@@ -153,7 +154,7 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
         total, weight = None, 0
         for client in sorted(rng.sample(range(num_clients), per_round)):
             node = {"partition-id": client, "num-partitions": num_clients}
-            data = local_data(settings, node, data_dir, model=plan.model)
+            data = local_data(settings, node, data_dir, model=plan.model, partition_key=key)
             model.load_state_dict(global_state)
             report = train_round(model, data.features, data.labels, plan, seed=settings.seed, client=client,
                                  round_=round_, device=default_device())

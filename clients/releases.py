@@ -52,9 +52,9 @@ class ReleasedSize:
     entries: Mapping[str, tuple[DpEvent, ...]]
 
 
-def data_key(settings: RunSettings, node_config: Mapping[str, Any]) -> str:
+def data_key(policy: NodePolicy, settings: RunSettings, node_config: Mapping[str, Any]) -> str:
     """Which records a partition holds, as a short hash of what chooses them."""
-    described = [settings.dataset, settings.partition.value, settings.alpha, settings.seed,
+    described = [settings.dataset, settings.partition.value, settings.alpha, policy.partition_key,
                  settings.limit_train, str(node_config["partition-id"]), str(node_config["num-partitions"])]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
@@ -88,7 +88,7 @@ def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mappin
     and booked on first use, then reused)."""
     if policy.public_num_examples:
         return ReleasedSize(num_examples, True, {})
-    key = data_key(settings, node_config)
+    key = data_key(policy, settings, node_config)
     stored = _read_releases(policy).get(key)
     if stored is None:
         events = (policy.num_examples_event(),)
@@ -109,7 +109,7 @@ def stored_size(policy: NodePolicy, settings: RunSettings, node_config: Mapping[
     """The N this node released for its partition (``Refusal`` if it never did)."""
     if policy.public_num_examples:
         return num_examples
-    stored = _read_releases(policy).get(data_key(settings, node_config))
+    stored = _read_releases(policy).get(data_key(policy, settings, node_config))
     if stored is None:
         raise Refusal("this node has released no size for this data partition: the server must QUERY it first")
     return int(stored["value"])

@@ -47,34 +47,35 @@ def _dataset(name: str, data_dir: Path | None, train: bool, limit: int | None) -
 
 
 @functools.lru_cache(maxsize=4)
-def _split(settings: RunSettings, data_dir: Path | None, num_partitions: int, train: bool) -> Split:
-    """The run's split of the training (or test) set; one per process, however many
-    partitions (simulated nodes) the process serves."""
+def _split(settings: RunSettings, data_dir: Path | None, num_partitions: int, train: bool, key: int) -> Split:
+    """The split of the training (or test) set under the node's ``partition-key``; one per
+    process, however many partitions (simulated nodes) the process serves."""
     limit = settings.limit_train if train else settings.limit_test
     full = _dataset(settings.dataset, data_dir, train, limit)
-    return Split(full.labels, settings.partition, num_partitions, settings.alpha, settings.seed)
+    return Split(full.features, full.labels, settings.partition, num_partitions, settings.alpha, key)
 
 
 @functools.lru_cache(maxsize=32)
 def _partition(settings: RunSettings, data_dir: Path | None, partition_id: int, num_partitions: int, train: bool,
-               model: str | None) -> TensorPair:
+               model: str | None, key: int) -> TensorPair:
     limit = settings.limit_train if train else settings.limit_test
     full = _dataset(settings.dataset, data_dir, train, limit)
-    index = torch.tensor(_split(settings, data_dir, num_partitions, train).indices(partition_id))
+    index = torch.tensor(_split(settings, data_dir, num_partitions, train, key).indices(partition_id))
     features = full.features[index]
     return TensorPair(features if model is None else model_inputs(model, features), full.labels[index])
 
 
 def local_data(settings: RunSettings, node_config: Mapping[str, Any], data_dir: str | Path | None,
-               train: bool = True, model: str | None = None) -> TensorPair:
-    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``,
-    read from ``data_dir`` (its policy's: ``None`` is the default cache folder; the run config's
-    ``data-dir`` is never read); with ``model``, its features are that model's inputs (cached:
-    computed once per node). ``Refusal`` where the folder lacks the data set."""
-    # the run config's data-dir and download are the server's: out of every cache key
-    settings = dataclasses.replace(settings, data_dir=None, download=False)
+               train: bool = True, model: str | None = None, *, partition_key: int) -> TensorPair:
+    """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``
+    and its policy's ``partition_key`` (``clients.partition``: the run config's seed chooses no
+    record), read from ``data_dir`` (its policy's: ``None`` is the default cache folder; the run
+    config's ``data-dir`` is never read); with ``model``, its features are that model's inputs
+    (cached: computed once per node). ``Refusal`` where the folder lacks the data set."""
+    # the run config's data-dir, download and seed are the server's: out of every cache key
+    settings = dataclasses.replace(settings, data_dir=None, download=False, seed=0)
     return _partition(settings, None if data_dir is None else Path(data_dir), int(node_config["partition-id"]),
-                      int(node_config["num-partitions"]), train, model)
+                      int(node_config["num-partitions"]), train, model, partition_key)
 
 
 def client_id(node_config: Mapping[str, Any]) -> str:
@@ -86,7 +87,8 @@ def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
     policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
-    n = len(local_data(settings, context.node_config, policy.data_dir).labels)  # Refusal: nothing booked
+    # Refusal (the data is missing): nothing booked
+    n = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
     size = released_size(policy, settings, context.node_config, cid, n)
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
     return RecordDict({
@@ -115,11 +117,13 @@ def train(msg: Message, context: Context) -> RecordDict:
     run_key, server_round = protocol.read_round(config)
     entry = protocol.train_entry(run_key, server_round)
     num_examples = stored_size(policy, settings, context.node_config,
-                               len(local_data(settings, context.node_config, policy.data_dir).labels))
+                               len(local_data(settings, context.node_config, policy.data_dir,
+                                              partition_key=policy.partition_key).labels))
     events = plan.round_events(num_examples)
     model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
     ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
-    data = local_data(settings, context.node_config, policy.data_dir, model=plan.model)  # the model's inputs
+    data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
+                      partition_key=policy.partition_key)  # the model's inputs
     report = train_round(
         model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
         client=int(cid), round_=server_round, device=default_device(),
@@ -152,7 +156,8 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     events = (policy.evaluate_event(),)
     model_name = str(config[protocol.MODEL])
     model = _received_model(msg, model_name, settings.seed)
-    data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name)  # Refusal first
+    data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name,
+                      partition_key=policy.partition_key)  # Refusal first
     ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
     metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
     return RecordDict({protocol.METRICS: MetricRecord(metrics),

@@ -28,18 +28,19 @@ def by_client(values: dict[str, Any]) -> dict[str, Any]:
     return {k: values[k] for k in sorted(values, key=client_order)}
 
 
-def epsilon_summary(epsilons: Iterable[float]) -> str:
-    """One line for many clients' ε: how many, and their min / median / max."""
+def epsilon_summary(epsilons: Iterable[float], randomness: str | None = None) -> str:
+    """One line for many clients' ε: how many, and their min / median / max; with the nodes'
+    ``randomness`` where the caller knows it (seeded noise is weaker than its ε says)."""
     eps = sorted(float(e) for e in epsilons)
-    if not eps:
-        return "no client has spent privacy"
-    return (f"{len(eps)} clients, min {eps[0]:.4f}, median {statistics.median(eps):.4f}, "
-            f"max {eps[-1]:.4f}")
+    line = "no client has spent privacy" if not eps else (
+        f"{len(eps)} clients, min {eps[0]:.4f}, median {statistics.median(eps):.4f}, max {eps[-1]:.4f}")
+    return line if randomness is None else f"{line} (node randomness: {randomness})"
 
 
 @dataclass
 class RoundLog:
-    """One round: who was sampled, who refused/failed or was rejected, ε after it."""
+    """One round: who was sampled, who refused/failed or was rejected, ε after it, and why
+    the round's updates were discarded, if they were."""
 
     round: int
     participants: list[str]
@@ -51,6 +52,7 @@ class RoundLog:
     test_accuracy: float | None = None
     test_loss: float | None = None
     federated_evaluation: dict[str, Any] = field(default_factory=dict)
+    discarded: str | None = None  # why no update was aggregated although some passed (accept-failures)
 
 
 @dataclass

@@ -80,6 +80,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     strategy = BudgetedFedAvg(
         ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,
+        accept_failures=settings.accept_failures,
     )
     evaluate_fn = _central_evaluation(settings, history, model_name, model)
     with Progress(settings.rounds, done=first - 1) as progress:

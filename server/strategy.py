@@ -13,6 +13,10 @@ Invariants:
   within the plan's bound). A rejected reply is logged with the client id and reason.
 - The FedAvg weight of a client is the server's own (its released N, capped in
   ``server.assign``), never a number a reply reports.
+- With ``accept_failures`` false (the run config's ``accept-failures``), a round in which
+  any sampled client failed (refused, errored, or sent no reply in time) aggregates
+  nothing: the previous model is kept and the round's log says why (``RoundLog.discarded``).
+  Rejected replies are dropped either way.
 - Nodes that connect after the start are described and admitted before the next round
   (``admit``). Ledgers are keyed by client id, so a client that reconnects under a new
   node id keeps its history; a node claiming the id of a client still online is ignored.
@@ -72,11 +76,13 @@ class BudgetedFedAvg(FedAvg):
         fraction_evaluate: float = 0.0,
         seed: int = 0,
         admit: Admit | None = None,
+        accept_failures: bool = True,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
             min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
         )
+        self.accept_failures = accept_failures
         self.ledger = ledger
         self.history = history
         self.run_key = protocol.check_run_key(run_key)
@@ -253,6 +259,11 @@ class BudgetedFedAvg(FedAvg):
         log(INFO, "aggregate_train: %d accepted, %d rejected, %d refused or failed",
             len(accepted), len(round_log.rejected), len(round_log.failed))
         round_log.train_seconds = time.perf_counter() - self._round_start
+        if round_log.failed and not self.accept_failures:
+            round_log.discarded = (f"accept-failures = false and {len(round_log.failed)} of "
+                                   f"{len(round_log.participants)} clients failed: the previous model is kept")
+            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
+            return None, None
         if not accepted:
             return None, None
         accepted.sort(key=lambda item: item[0].client_id)  # float sums must not depend on arrival order

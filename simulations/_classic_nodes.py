@@ -26,10 +26,13 @@ def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy
 
     from clients.classic_app import app as client_app
     from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+    from fedpriv.federation.seeded import warn_seeded
     from fedpriv.privacy import PrivacyLedger
     from server.discovery import wait_for_nodes
     from simulations._ray import ray_cluster
 
+    if policy.get("randomness") == "seeded":
+        warn_seeded()  # this process's one warning; each node process prints its own
     finished: list[bool] = []
     server_app = ServerApp()
 

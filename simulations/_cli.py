@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from simulations._project import PROJECT_ROOT
+
 CACHE_ENV = "FEDPRIV_CACHE_DIR"
 CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
               "'off' disables it)")
@@ -208,8 +209,8 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--partition", choices=["iid", "dirichlet", "shard"],
                    help=f"how the training set is split (default: {d['partition']})")
     p.add_argument("--alpha", type=positive, help=f"Dirichlet concentration (default: {d['alpha']})")
-    p.add_argument("--seed", type=int, help="seeds the server's sampling, partitions and model init, and "
-                                            f"the simulated nodes' randomness (default: {d['seed']})")
+    p.add_argument("--seed", type=int, help="seeds the server's sampling and model init, and the simulated "
+                                            f"nodes' randomness and partition key (default: {d['seed']})")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples (default: all)")
     p.add_argument("--limit-test", type=at_least(1), help="use the first N test examples (default: all)")
     p.add_argument("--data-dir", help="root folder of the data sets (default: $XDG_CACHE_HOME/fedpriv "
@@ -221,6 +222,10 @@ def federated_parser(dataset: str) -> Parser:
                                        "ledger under nodes/ (default: a temporary folder)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue the run in --state-dir from its last completed round")
+    p.add_argument("--accept-failures", action=argparse.BooleanOptionalAction, default=None,
+                   help="aggregate a round although a sampled client refused, failed or timed out; "
+                        "--no-accept-failures keeps the previous model then "
+                        f"(default: {'yes' if d['accept-failures'] else 'no'})")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")
@@ -228,18 +233,3 @@ def federated_parser(dataset: str) -> Parser:
                    help="default with CUDA: the share of the GPU a client's measured DP-SGD step needs; else 0")
     add_cache_dir(p)
     return p
-
-
-def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m simulations.<dataset>``: a bad flag stops here, before torch, Flower and
-    Ray are imported; the cache folder is set before any of them is."""
-    parser = federated_parser(dataset)
-    use_cache_dir(parser, parser.parse_args(argv).cache_dir)
-    from simulations._federated import main
-
-    return main(dataset, argv)
-
-
-def entry_point(dataset: str) -> tuple[Callable[[], Parser], Callable[..., dict[str, Any]]]:
-    """``(build_parser, main)`` of ``simulations.<dataset>``."""
-    return functools.partial(federated_parser, dataset), functools.partial(run_federated, dataset)

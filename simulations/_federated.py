@@ -8,8 +8,8 @@ flags become run-config overrides of ``[tool.flwr.app.config]``, fused exactly a
 ``_run_simulation`` the way Flower's own ``flwr-simulation`` process does.)
 
 The command is also the operator of the nodes it simulates, so it sets their privacy
-policy (``simulated_node_policy``): budget from the flags, seeded randomness from
-``--seed`` (reproducible, which a deployment must not be), N public unless
+policy (``simulated_node_policy``): budget from the flags, seeded randomness and one
+partition key for all its nodes from ``--seed`` (reproducible, which a deployment must not be), N public unless
 ``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
 durable ledger under ``--state-dir``/nodes/<partition id>, and their data folder from
 ``--data-dir`` (a node never reads the folder a run config names). Without ``--state-dir`` all
@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -38,12 +39,14 @@ import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import PROJECT_ROOT, federated_parser, flag_message, use_cache_dir
+from simulations._cli import federated_parser, flag_message, use_cache_dir
 from simulations._logging import quiet_console
+from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
 
 # flag -> run-config key, for the flags that map one to one
@@ -51,7 +54,7 @@ _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
-    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume",
+    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures",
 )
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
@@ -104,6 +107,27 @@ def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
         parser.error(str(err))
 
 
+def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int, partition_key: int) -> None:
+    """δ against the smallest simulated node's N (the command is its nodes' operator: it knows
+    their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
+    δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
+    from clients.partition import Split
+    from fedpriv.data import load_dataset
+
+    data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
+    split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
+    size, smallest = min((len(split.indices(p)), p) for p in range(num_clients))
+    if size == 0:
+        parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
+                     "(fewer clients, more data or another --partition)")
+    if settings.delta >= 1 / size:
+        parser.error(f"argument --delta: {settings.delta:g} is >= 1/N = {1 / size:.3g} for the smallest simulated "
+                     f"node (N = {size}): a δ that large allows publishing a record outright; use δ << 1/N")
+    if settings.delta > 1 / (10 * size):
+        print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
+              f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
+
+
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
                           num_examples_noise: float | None = None) -> dict[str, Any]:
     """The policy of every simulated node (``fedpriv.federation.policy`` keys); no budget
@@ -118,6 +142,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "state-dir": str(state_dir / "nodes" / "{partition-id}"),
         "randomness": "seeded",
         "seed": int(run_config["seed"]),
+        "partition-key": int(run_config["seed"]),  # one key for all its nodes: reproducible shares
         "public-num-examples": num_examples_noise is None,
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
@@ -221,12 +246,14 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
+    check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
     quiet_console()  # each log line once; no Ray accelerator tip
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
+        warn_seeded()  # this process's one warning; each node process prints its own
         stack.enter_context(node_policy_env(policy, state_dir))
         wall = simulate(args.clients, overrides, backend_config(args, settings))
     out = Path(overrides["out"])
@@ -235,6 +262,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above")
     results = json.loads(results_path.read_text())
     results["simulation_wall_time_s"] = wall
+    results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
     write_json_atomic(results_path, results)
     from simulations._plots import plot_results
 
@@ -254,7 +282,7 @@ def _summary(results: dict[str, Any]) -> str:
         "test accuracy: " + ("n/a" if accuracy is None else f"{100 * accuracy:.2f} %")
         + ("" if rounds else " (initial model)"),
         f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}): "
-        f"{epsilon_summary(results['final_epsilon'].values())}",
+        f"{epsilon_summary(results['final_epsilon'].values(), results['randomness'])}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
         f"written: {out / 'results.json'}, {out / 'accuracy.png'}, {out / 'epsilon.png'}",

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from simulations._project import PROJECT_ROOT
+
 START_TIMEOUT_ENV = "FEDPRIV_RAY_START_TIMEOUT"
 """Seconds Ray may take to start or join (default 120)."""
 
@@ -65,8 +67,6 @@ def fail(message: str) -> NoReturn:
 
 def _prog() -> str:
     """``python -m simulations.mnist`` for this program, as its usage line names it."""
-    from simulations._cli import PROJECT_ROOT
-
     path = Path(sys.argv[0]).resolve()
     try:
         return "python -m " + ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)

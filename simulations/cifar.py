@@ -3,7 +3,7 @@
 Same flags as ``simulations.mnist``; pass ``--download`` the first time (or ``--data-dir``).
 """
 
-from simulations._cli import entry_point
+from simulations._command import entry_point
 
 build_parser, main = entry_point("cifar10")
 

@@ -219,7 +219,7 @@ def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iteratio
                 algorithm, "clustering_accuracy"), "metric": value,
             "nonprivate_metric": nonprivate(algorithm, seed),
             "diffprivlib_metric": diffprivlib_metric(algorithm, epsilon, seed),
-            "client_epsilon": spent}
+            "client_epsilon": spent, "randomness": "seeded"}  # the noise is drawn from --seed
 
 
 def sweep(algorithm: str, iterations: int, out: Path | None) -> dict[str, Any]:

@@ -190,7 +190,8 @@ def result(args: argparse.Namespace, method: str, epsilon: float, sigma: float, 
             "accountant": args.accountant, "noise_multiplier": sigma, "accuracy": accuracy,
             "epochs": settings.epochs, "seconds": round(seconds, 2), "client_epsilon": client_epsilon,
             "seed": seed, "clients": args.clients or 1, "lot_size": settings.lot_size,
-            "max_grad_norm": settings.max_grad_norm, "lr": settings.lr, "dropout": settings.dropout, **extra}
+            "max_grad_norm": settings.max_grad_norm, "lr": settings.lr, "dropout": settings.dropout,
+            "randomness": "seeded", **extra}  # the noise is drawn from --seed
 
 
 def table(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

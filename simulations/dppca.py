@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pca_epsilon": epsilon_of(pca_event(sigma_p, args.pca_sample_rate), args.delta),
         "total_epsilon": max(spent.values()),
         "client_epsilon": spent,
+        "randomness": "seeded",  # the noise is drawn from --seed
         "clients": args.clients or 1,
         "training": "fedavg" if args.clients else "central",
         "pca_noise_multiplier": sigma_p,

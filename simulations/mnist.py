@@ -4,7 +4,7 @@ Runs the project's ClientApp and ServerApp with Flower's Ray simulation engine; 
 ``python -m simulations.mnist --help`` and docs/federated.md.
 """
 
-from simulations._cli import entry_point
+from simulations._command import entry_point
 
 build_parser, main = entry_point("mnist")
 

@@ -22,6 +22,9 @@ Keys (kebab-case, as in ``--node-config``):
 - ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
   correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
+- ``partition-key`` (integer, default 0): keys which records of ``data-dir`` make up the
+  node's partition ``partition-id`` of ``num-partitions`` (``clients.partition``: a rule per
+  record, so another record added or removed moves no one; the run config's seed is never used).
 - ``data-dir``: the root folder of the node's data sets, read by the ClientApp (MNIST,
   CIFAR-10: training and evaluation) and by the classic app's ``dppca`` kinds; default
   ``~/.cache/fedpriv``. A folder named in a request or the run config is never read, and
@@ -47,6 +50,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import AccountantKind, Budget, GaussianEvent
 from fedpriv.privacy.events import DpEvent
@@ -94,6 +98,7 @@ class NodePolicy:
     accountant: AccountantKind = AccountantKind.RDP
     trusted_apps: tuple[str, ...] = ()
     data_dir: Path | None = None
+    partition_key: int = 0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon_budget, (int, float)) and self.epsilon_budget > 0):
@@ -158,7 +163,10 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
         if required not in values or values[required] in ("", None):
             raise PolicyError(f"this node has no '{required}' in its privacy policy, so it refuses to "
                               f"train or release anything: {MISSING_HELP}")
-    return NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()})
+    policy = NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()})
+    if policy.randomness is Randomness.SEEDED:
+        warn_seeded()  # once per process: the risk is the operator's to see
+    return policy
 
 
 def policy_file_text(values: Mapping[str, Any]) -> str:
@@ -193,7 +201,7 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
             if not isinstance(value, bool):
                 raise TypeError
             return value
-        if name == "seed":
+        if name in ("seed", "partition_key"):
             if isinstance(value, bool) or int(value) != float(value):
                 raise TypeError
             return int(value)

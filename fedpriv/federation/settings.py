@@ -23,7 +23,7 @@ from fedpriv.training import LRSchedule
 
 
 class Partition(str, Enum):
-    """How the training set is split across clients (flwr-datasets partitioners)."""
+    """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
     IID = "iid"
     DIRICHLET = "dirichlet"
@@ -69,6 +69,7 @@ class RunSettings:
     state_dir: str | None = None
     resume: bool = False
     round_timeout: float = 3600.0
+    accept_failures: bool = True
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -139,7 +140,7 @@ def _parse(field: str, value: Any) -> Any:
             return str(value) or None
         if field == "dataset":
             return str(value)
-        if field in ("download", "resume"):
+        if field in ("download", "resume", "accept_failures"):
             if not isinstance(value, bool):
                 raise TypeError
             return value

@@ -10,7 +10,7 @@ import pytest
 from simulations._federated import PROJECT_ROOT
 
 KEYS = {"algorithm", "epsilon", "clients", "metric_name", "metric", "nonprivate_metric", "diffprivlib_metric",
-        "client_epsilon"}
+        "client_epsilon", "randomness"}
 
 
 def _run(*argv: str) -> dict:
@@ -29,7 +29,7 @@ def test_centralized_json(algorithm, name, spent, tmp_path):
     out = tmp_path / "r.json"
     result = _run(algorithm, "--epsilon", "0.5", "--out", str(out))
     assert set(result) == KEYS and json.loads(out.read_text()) == result
-    assert result["metric_name"] == name and result["clients"] == 1
+    assert result["metric_name"] == name and result["clients"] == 1 and result["randomness"] == "seeded"
     # diffprivlib has a model of this kind for the regression and k-means, none for the networks
     assert isinstance(result["diffprivlib_metric"], float) == (algorithm in ("linreg", "kmeans-dplloyd", "kmeans-input"))
     assert 0.97 * spent <= result["client_epsilon"]["0"] <= spent * (1 + 1e-6)  # RDP calibration may land under

@@ -181,6 +181,7 @@ def test_the_command_prints_the_documented_json(tmp_path):
                                  "accuracy", "epochs", "seconds", "client_epsilon"]
     assert json.loads(out.read_text()) == result
     assert result["delta"] == 1e-4 and result["accountant"] == "rdp" and result["epochs"] == 2
+    assert result["randomness"] == "seeded"
     assert 1.9 <= result["client_epsilon"]["0"] <= 2.0
     assert result["accuracy"] > 0.3  # 10 classes
 

@@ -182,7 +182,7 @@ def test_the_command_books_the_pca_beside_the_training_and_reports_the_ledger(sh
         result["sample_rate"], dp_accounting.GaussianDpEvent(result["noise_multiplier"])), result["steps"])
     pca = dp_accounting.GaussianDpEvent(result["pca_noise_multiplier"])
     assert result["total_epsilon"] == pytest.approx(_dp_accounting_epsilon([pca, training], 1e-5), rel=1e-6)
-    assert result["total_epsilon"] <= 2.0
+    assert result["total_epsilon"] <= 2.0 and result["randomness"] == "seeded"
     assert result["pca_epsilon"] == pytest.approx(_dp_accounting_epsilon([pca], 1e-5), rel=1e-6)
     assert result["pca_epsilon"] <= 0.15 * 2.0 and len(entries) == 1 + 2 and 0.1 < result["accuracy"] <= 1
 

@@ -27,7 +27,9 @@ from tests.conftest import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-N = 100  # partition 0 of 2 of the first 200 training examples
+# partition 0 of 2 of the first 200 training examples, under the default partition-key
+N = len(local_data(RunSettings.from_run_config({"limit-train": 200}), {"partition-id": 0, "num-partitions": 2},
+                   SHARED_DATA, partition_key=0).labels)
 # q = 1 and one plain SGD step: the update is exactly -lr (S + σC z) / N, S the clipped sum
 PLAN = TrainingPlan(model="cnn", lot_size=N, max_grad_norm=1.0, noise_multiplier=1.0, lr=1.0, momentum=0.0)
 ONE_ROUND = PLAN.round_events(N)
@@ -76,7 +78,8 @@ def _update(reply) -> np.ndarray:
 
 def _server_replay(run_config, noise_multiplier, seed):
     """The update the server computes itself, on the node's data, with a seed it knows."""
-    data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2}, SHARED_DATA)
+    data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2}, SHARED_DATA,
+                      partition_key=0)
     model = build_model(PLAN.model, 0)
     train_round(model, data.features, data.labels, dataclasses.replace(PLAN, noise_multiplier=noise_multiplier),
                 seed=seed, client=0, round_=1, device="cpu")
@@ -97,7 +100,7 @@ def test_two_runs_at_sigma_and_2sigma_do_not_cancel_the_noise(run_config, tmp_pa
                     plan=dataclasses.replace(PLAN, noise_multiplier=2.0))
     clean = _server_replay(run_config, 0.0, seed=0)
     residual = 2 * _update(first) - _update(second) - clean
-    # ‖residual‖ = 2 lr σ C ‖z₁ − z₂‖ / N ≈ 2 √(2d) / 100 when the draws are independent
+    # ‖residual‖ = 2 lr σ C ‖z₁ − z₂‖ / N ≈ 2 √(2d) / N when the draws are independent
     expected = 2 * math.sqrt(2 * len(clean)) / N
     assert 0.8 * expected < np.linalg.norm(residual) < 1.2 * expected
 

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from clients.task import local_data
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
@@ -17,6 +18,7 @@ from server.discovery import ClientInfo
 from server.history import History, RoundLog
 from server.ledger import ServerLedger
 from server.run import resolved, run_server
+from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import InProcessGrid, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -68,9 +70,12 @@ def test_results_carry_what_the_settings_resolved_to(cnn_run):
     assert out["model"] == "cnn" and out["accountant"] == "rdp" and out["delta"] == 1e-5
     assert out["lot_size"] == LOT and out["epsilon_budget"] == "inf"
     assert list(out["clients"]) == ["2", "9", "10"]
-    for client in out["clients"].values():
-        assert client == {"noise_multiplier": SIGMA, "sample_rate": LOT / PER_NODE,
-                          "expected_lot_size": float(LOT), "steps_per_round": 2}  # round(1/q) steps, 1 epoch
+    settings = RunSettings.from_run_config({"limit-train": PARTITIONS * PER_NODE})
+    for cid, client in out["clients"].items():  # each node's N: its share under the default partition-key
+        n = len(local_data(settings, {"partition-id": int(cid), "num-partitions": PARTITIONS}, SHARED_DATA,
+                           partition_key=0).labels)
+        assert client == {"noise_multiplier": SIGMA, "sample_rate": LOT / n,
+                          "expected_lot_size": pytest.approx(LOT), "steps_per_round": steps_per_epoch(LOT / n)}
     # and the settings stay as given (a resumed run compares them with the checkpoint's)
     assert results["settings"]["model"] == "cnn" and results["settings"]["epsilon_budget"] is None
 

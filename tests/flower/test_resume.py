@@ -12,17 +12,25 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
 )
 
+from clients.task import local_data
 from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import PrivacyLedger, dpsgd_event, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
 from server.run import run_server
 from server.state import StateError
+from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import InProcessGrid, ServerKilled, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 SIGMA, LOT, PER_NODE = 1.0, 10, 20
 ROUND = (dpsgd_event(SIGMA, LOT / PER_NODE, 2),)  # q = 0.5, round(1/q) = 2 steps
+# a partition-key under which the first 2·PER_NODE records split PER_NODE / PER_NODE: both
+# nodes' rounds then cost ROUND (membership is a per-record rule; sizes vary with the key)
+KEY = next(k for k in range(1000) if len(local_data(
+    RunSettings.from_run_config({"limit-train": 2 * PER_NODE}), {"partition-id": 0, "num-partitions": 2},
+    SHARED_DATA, partition_key=k).labels) == PER_NODE)
 DELTA = 1e-5
 
 
@@ -38,7 +46,7 @@ def _run_config(data_dir, state, out, rounds=3, resume=False):
 
 
 def _nodes(state, budgets, data_dir):
-    return {10 + i: node_config(i, 2, state, **{"epsilon-budget": b, "public-num-examples": True,
+    return {10 + i: node_config(i, 2, state, **{"epsilon-budget": b, "public-num-examples": True, "partition-key": KEY,
                                                 "data-dir": str(data_dir)})
             for i, b in enumerate(budgets)}
 
