@@ -18,6 +18,7 @@ the same entry at the same time included) sees a whole file or none.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -165,27 +166,7 @@ def load_tensor(path: str | os.PathLike[str], params: Mapping[str, Any]) -> torc
     except FileNotFoundError:
         return None
     with f:
-        head = f.read(len(_MAGIC) + 8)
-        if len(head) < len(_MAGIC) + 8 or head[: len(_MAGIC)] != _MAGIC:
-            raise CorruptCacheEntry("not a fedpriv tensor cache file")
-        (length,) = struct.unpack("<Q", head[len(_MAGIC) :])
-        if length > 1 << 20:
-            raise CorruptCacheEntry(f"header of {length} bytes")
-        raw = f.read(length)
-        try:
-            header = json.loads(raw)
-            dtype, shape = _dtype(header["dtype"]), tuple(int(n) for n in header["shape"])
-            nbytes, digest = int(header["nbytes"]), str(header["sha256"])
-            stored = header["params"]
-            fmt = header["format"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise CorruptCacheEntry(f"unreadable header: {err}") from err
-        if fmt != _FORMAT:
-            raise CorruptCacheEntry(f"format {fmt!r}, expected {_FORMAT}")
-        if stored != json.loads(_canonical(params)):
-            raise CorruptCacheEntry("stored for other parameters")
-        if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != nbytes:
-            raise CorruptCacheEntry(f"header says {nbytes} bytes for {shape} {dtype}")
+        length, dtype, shape, nbytes, digest = _read_header(f, params)
         if os.fstat(f.fileno()).st_size != _aligned(length) + nbytes:
             raise CorruptCacheEntry(f"{os.fstat(f.fileno()).st_size} bytes, expected {_aligned(length) + nbytes}")
         out = torch.empty(shape, dtype=dtype)
@@ -202,3 +183,28 @@ def load_tensor(path: str | os.PathLike[str], params: Mapping[str, Any]) -> torc
     if h.hexdigest() != digest:
         raise CorruptCacheEntry("checksum mismatch")
     return out
+
+
+def _read_header(f: io.FileIO, params: Mapping[str, Any]) -> tuple[int, torch.dtype, tuple[int, ...], int, str]:
+    """(header length, dtype, shape, payload bytes, SHA-256) from an open cache file,
+    checked against ``params``; ``CorruptCacheEntry`` for anything inconsistent."""
+    head = f.read(len(_MAGIC) + 8)
+    if len(head) < len(_MAGIC) + 8 or head[: len(_MAGIC)] != _MAGIC:
+        raise CorruptCacheEntry("not a fedpriv tensor cache file")
+    (length,) = struct.unpack("<Q", head[len(_MAGIC) :])
+    if length > 1 << 20:
+        raise CorruptCacheEntry(f"header of {length} bytes")
+    try:
+        header = json.loads(f.read(length))
+        dtype, shape = _dtype(header["dtype"]), tuple(int(n) for n in header["shape"])
+        nbytes, digest = int(header["nbytes"]), str(header["sha256"])
+        stored, fmt = header["params"], header["format"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCacheEntry(f"unreadable header: {err}") from err
+    if fmt != _FORMAT:
+        raise CorruptCacheEntry(f"format {fmt!r}, expected {_FORMAT}")
+    if stored != json.loads(_canonical(params)):
+        raise CorruptCacheEntry("stored for other parameters")
+    if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize != nbytes:
+        raise CorruptCacheEntry(f"header says {nbytes} bytes for {shape} {dtype}")
+    return length, dtype, shape, nbytes, digest

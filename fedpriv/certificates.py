@@ -59,7 +59,7 @@ def _san(host: str) -> x509.GeneralName:
 def make_ca(days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A self-signed CA that may sign end-entity certificates only (path length 0)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("fedpriv deployment CA")).issuer_name(_name("fedpriv deployment CA"))
@@ -82,7 +82,7 @@ def make_server_certificate(
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or address")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
@@ -140,7 +140,8 @@ def write_node_key(folder: str | os.PathLike[str], name: str) -> tuple[Path, Pat
 def main(argv: list[str] | None = None) -> TlsFiles:
     parser = argparse.ArgumentParser(prog="python -m fedpriv.certificates",
                                      description="Make a private CA and the SuperLink's TLS certificate.")
-    parser.add_argument("--out", type=Path, required=True, help="folder for ca.pem, ca.key, superlink.pem, superlink.key")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder for ca.pem, ca.key, superlink.pem, superlink.key")
     parser.add_argument("--host", action="append", required=True,
                         help="a name or IP address the SuperLink is reached at (repeat for several)")
     parser.add_argument("--days", type=int, default=365, help="validity (default: 365)")

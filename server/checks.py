@@ -64,7 +64,8 @@ def check_train_reply(
     """Why a TRAIN reply's content cannot be aggregated, or ``None`` when it can."""
     content = reply.content
     if set(content.keys()) != {protocol.ARRAYS, protocol.PRIVACY}:
-        return f"expected exactly the records {protocol.ARRAYS!r} and {protocol.PRIVACY!r}, got {sorted(content.keys())}"
+        return (f"expected exactly the records {protocol.ARRAYS!r} and {protocol.PRIVACY!r}, "
+                f"got {sorted(content.keys())}")
     if protocol.PRIVACY not in content.config_records or protocol.ARRAYS not in content.array_records:
         return "records of the wrong kind"
     try:

@@ -60,7 +60,7 @@ def accuracy_figure(results: dict[str, Any]) -> Figure:
     if not points:
         _no_rounds(ax, results)
         return fig
-    xs, ys = zip(*points)
+    xs, ys = zip(*points, strict=True)
     ax.plot(xs, ys, marker="o" if len(xs) <= MARKERS_UP_TO else "", markersize=4, color="C0")
     ax.plot(xs[-1], ys[-1], marker="o", markersize=8, color="C3", zorder=3)
     rising = len(ys) == 1 or ys[-1] >= ys[-2]  # write the value where the line does not come from
@@ -105,7 +105,7 @@ def epsilon_figure(results: dict[str, Any]) -> Figure:
     else:
         columns = [[eps[i] for eps in series.values() if not math.isnan(eps[i])] for i in range(len(rounds))]
         low, q1, mid, q3, high = (list(row) for row in zip(*(
-            np.percentile(col, [0, 25, 50, 75, 100]) if col else [math.nan] * 5 for col in columns)))
+            np.percentile(col, [0, 25, 50, 75, 100]) if col else [math.nan] * 5 for col in columns), strict=True))
         unsampled = " (0: not sampled yet)" if low[-1] == 0 else ""
         ax.fill_between(rounds, low, high, alpha=0.18, color="C0", linewidth=0,
                         label=f"min–max over {len(clients)} clients{unsampled}")

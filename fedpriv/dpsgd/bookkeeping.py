@@ -201,7 +201,7 @@ def bookkeeping_clipped_sum(
         output_grads = torch.autograd.grad(loss_sum, outputs, allow_unused=True) if outputs else ()
         rules = {
             layer: LAYER_RULES[type(layer)](layer, captured[layer][0], _or_zeros(g, out))
-            for layer, out, g in zip(ran, outputs, output_grads)
+            for layer, out, g in zip(ran, outputs, output_grads, strict=True)
         }
         captured.clear()
 
@@ -214,7 +214,7 @@ def bookkeeping_clipped_sum(
         grads = [per_example(p) for p in params.values()]
         sq_norms = [g.squared_norms() for g in grads]
         factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
-        for buffer, g, f in zip(into, grads, factors):
+        for buffer, g, f in zip(into, grads, factors, strict=True):
             g.add_weighted_sum_(buffer, f, keep)
         if bool(torch.isfinite(loss_sum)):
             return loss_sum.detach()

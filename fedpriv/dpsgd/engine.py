@@ -160,7 +160,7 @@ def gradient_buffers(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, lis
     first = next(iter(params.values()))
     flat = torch.empty(sum(p.numel() for p in params.values()), dtype=first.dtype, device=first.device)
     parts = flat.split([p.numel() for p in params.values()])
-    return flat, [part.view_as(p) for part, p in zip(parts, params.values())]
+    return flat, [part.view_as(p) for part, p in zip(parts, params.values(), strict=True)]
 
 
 def add_clipped_sums_(
@@ -192,7 +192,7 @@ def apply_gradients(
     params: dict[str, torch.Tensor], grads: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer
 ) -> None:
     """Hand the privatised gradient to any torch optimizer: ``p.grad = g``; ``step()``."""
-    for p, g in zip(params.values(), grads):
+    for p, g in zip(params.values(), grads, strict=True):
         p.grad = g
     optimizer.step()
 

@@ -122,8 +122,8 @@ def measure_step_memory(
     (b1, b2), (t1, t2) = PROBE_BATCHES, timelines
     if len(t1) != len(t2):  # the ops depend on B: one line through the two peaks
         t1, t2 = [max(t1)], [max(t2)]
-    slopes = [(y2 - y1) / (b2 - b1) for y1, y2 in zip(t1, t2)]
-    lines = [(y1 - b1 * s, s + sample_bytes) for y1, s in zip(t1, slopes)]
+    slopes = [(y2 - y1) / (b2 - b1) for y1, y2 in zip(t1, t2, strict=True)]
+    lines = [(y1 - b1 * s, s + sample_bytes) for y1, s in zip(t1, slopes, strict=True)]
     return StepMemory(_upper_envelope(lines))
 
 

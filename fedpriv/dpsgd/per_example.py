@@ -65,6 +65,6 @@ def vmap_clipped_sum(
     per_example = list(grads.values())
     sq_norms = [squared_norms(g) for g in per_example]
     factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
-    for buffer, f, g in zip(into, factors, per_example):
+    for buffer, f, g in zip(into, factors, per_example, strict=True):
         add_weighted_sum_(buffer, f, g, keep)
     return finite_sum(losses)

@@ -47,14 +47,18 @@ def paper_ac_epsilon(sigma: float, sample_rate: float, steps: int, delta_total: 
     return math.sqrt(2.0 * steps * math.log(1.0 / delta_prime)) * eps_step + steps * eps_step * math.expm1(eps_step)
 
 
-def paper_ac_sigma(target_epsilon: float, sample_rate: float, steps: int, delta_total: float, delta_prime: float) -> float:
+def paper_ac_sigma(
+    target_epsilon: float, sample_rate: float, steps: int, delta_total: float, delta_prime: float
+) -> float:
     """σ with ``paper_ac_epsilon(σ, …) == target_epsilon``."""
     return brentq(
         lambda s: paper_ac_epsilon(s, sample_rate, steps, delta_total, delta_prime) - target_epsilon, 0.5, 1e6
     )
 
 
-def paper_zcdp_sigma(target_epsilon: float, sample_rate: float, steps: int, delta_total: float, delta_prime: float) -> float:
+def paper_zcdp_sigma(
+    target_epsilon: float, sample_rate: float, steps: int, delta_total: float, delta_prime: float
+) -> float:
     """σ of the paper's DPD-zCDP recipe (eqs. 6–7, module docstring), Δ = 1."""
     log_inv = math.log(1.0 / delta_total)
     rho = (math.sqrt(log_inv + target_epsilon) - math.sqrt(log_inv)) ** 2

@@ -11,8 +11,8 @@ from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, UnsupportedModuleError, train_dpsgd
 from fedpriv.dpsgd.engine import examples_at
-from fedpriv.dpsgd.per_example import per_example_gradients
 from fedpriv.dpsgd.modules import trainable_parameters
+from fedpriv.dpsgd.per_example import per_example_gradients
 from fedpriv.dpsgd.sampling import poisson_lot
 from fedpriv.privacy.events import dpsgd_event
 

@@ -166,13 +166,13 @@ def test_channels_last_gives_the_clipped_sums_of_nchw(name, mode):
     x, y = torch.randn(6, *shape, generator=gen), torch.randint(0, 3, (6,), generator=gen)
     cfg = DPSGDConfig(0.0, 0.01, 0.1, grad_sample_mode=mode)
     results = []
-    for model, x in nchw_and_channels_last(model, x):
-        params = trainable_parameters(model)
+    for layout, inputs in nchw_and_channels_last(model, x):
+        params = trainable_parameters(layout)
         if mode == "vmap":
-            results.append(vmap_sums(model, params, x, y, cfg))
+            results.append(vmap_sums(layout, params, inputs, y, cfg))
             continue
-        with bookkeeping_clipped_sum(model, params, F.cross_entropy, cfg) as clipped_sum:
-            results.append(clipped_sums(clipped_sum, params, x, y))
+        with bookkeeping_clipped_sum(layout, params, F.cross_entropy, cfg) as clipped_sum:
+            results.append(clipped_sums(clipped_sum, params, inputs, y))
     (want, want_loss), (got, got_loss) = results
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)

@@ -5,8 +5,8 @@ import pytest
 
 import fedpriv.training
 import server.assign
-from fedpriv.federation.settings import RunSettings
 from fedpriv.federation.protocol import read_plan
+from fedpriv.federation.settings import RunSettings
 from fedpriv.training import default_plan
 from server.assign import Assigner
 from server.discovery import ClientInfo

@@ -22,7 +22,6 @@ from flwr.superlink.grid import InMemoryGrid
 from simulations import _delivery
 
 
-
 @pytest.fixture(autouse=True)
 def superlink_identity(task_identity):
     """Messages pushed as the server's (the SuperLink's node id), as in a simulation."""

@@ -8,9 +8,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, dpsgd_event, epsilon_of
 from fedpriv.training import TrainingPlan
-from fedpriv.federation.settings import RunSettings
 from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo
 from server.history import History, epsilon_summary

@@ -53,7 +53,8 @@ def test_monotone(kind):
     assert acc.compose(EVENT).epsilon(1e-5) > before
 
 
-@pytest.mark.parametrize("bad", [UNSUPPORTED, "not an event", dp_accounting.GaussianDpEvent(1.0)], ids=["nested", "str", "dpa"])
+@pytest.mark.parametrize("bad", [UNSUPPORTED, "not an event", dp_accounting.GaussianDpEvent(1.0)],
+                         ids=["nested", "str", "dpa"])
 def test_unsupported_event_leaves_state_untouched(kind, bad):
     acc = make_accountant(kind).compose(EVENT)
     before = acc.epsilon(1e-5)

@@ -185,7 +185,8 @@ def test_reads_version_1_files(tmp_path):
     assert list(ledger.entries("0")) == ["1", "2", "10"]  # round order, not string order
     assert ledger.entries("1") == {"3": ()}
     assert ledger.budget_for("1") == Budget(2.0, 1e-5) and ledger.budget == Budget(8.0, 1e-5)
-    assert ledger.spent("0") == epsilon_of(ComposedEvent((LaplaceEvent(10.0), LaplaceEvent(20.0), LaplaceEvent(30.0))), 1e-5, "rdp")
+    three = ComposedEvent((LaplaceEvent(10.0), LaplaceEvent(20.0), LaplaceEvent(30.0)))
+    assert ledger.spent("0") == epsilon_of(three, 1e-5, "rdp")
     assert ledger.record("0", "2", LaplaceEvent(20.0)) is False  # a retried old round is still idempotent
     ledger.save(path)
     migrated = json.loads(path.read_text())

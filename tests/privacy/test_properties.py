@@ -3,7 +3,14 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpriv.privacy import Budget, BudgetExceededError, PrivacyLedger, calibrate_noise_multiplier, dpsgd_event, epsilon_of
+from fedpriv.privacy import (
+    Budget,
+    BudgetExceededError,
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    dpsgd_event,
+    epsilon_of,
+)
 from fedpriv.privacy.calibration import round_up_3, unit_3
 
 FAST = settings(max_examples=15, deadline=None)
@@ -22,7 +29,8 @@ def test_epsilon_grows_with_steps_and_rate_and_falls_with_sigma(sigma, q, n, kin
 
 
 @settings(max_examples=6, deadline=None)
-@given(target=st.floats(0.5, 8.0), q=st.floats(0.001, 0.03), n=st.integers(10, 3000), kind=st.sampled_from(["rdp", "zcdp"]))
+@given(target=st.floats(0.5, 8.0), q=st.floats(0.001, 0.03), n=st.integers(10, 3000),
+       kind=st.sampled_from(["rdp", "zcdp"]))
 def test_calibration_round_trips(target, q, n, kind):
     sigma = calibrate_noise_multiplier(target, 1e-5, q, n, kind)
     assert round_up_3(sigma) == sigma

@@ -13,7 +13,7 @@ basic    ε and δ add up, + amplification                               loosest
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fedpriv.privacy.accountants.advanced import AdvancedAccountant
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind, UnsupportedEventError

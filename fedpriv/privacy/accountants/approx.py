@@ -15,7 +15,8 @@ from __future__ import annotations
 import abc
 import math
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dp_accounting
 from scipy.optimize import brentq

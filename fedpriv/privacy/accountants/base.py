@@ -23,7 +23,7 @@ class UnsupportedEventError(ValueError):
     """The accountant cannot (soundly) account for this event; its state is unchanged."""
 
 
-class AccountantKind(str, enum.Enum):
+class AccountantKind(enum.StrEnum):
     """Which accountant to use; ``AccountantKind("rdp")`` accepts the plain strings."""
 
     RDP = "rdp"

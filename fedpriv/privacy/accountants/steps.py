@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from functools import singledispatch
-from typing import Union
 
 from fedpriv.privacy.accountants.base import UnsupportedEventError
 from fedpriv.privacy.events import (
@@ -22,7 +21,7 @@ from fedpriv.privacy.events import (
     SelfComposedEvent,
 )
 
-Mechanism = Union[GaussianEvent, LaplaceEvent]
+Mechanism = GaussianEvent | LaplaceEvent
 
 
 @dataclass(frozen=True)

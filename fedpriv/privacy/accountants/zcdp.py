@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind
 from fedpriv.privacy.accountants.steps import Step, flatten
