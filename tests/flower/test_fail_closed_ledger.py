@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import classic_app
-from fedpriv.federation.policy import PolicyError, load_policy
+from fedpriv.federation.policy import POLICY_ENV, PolicyError, load_policy
 from fedpriv.privacy import PrivacyLedger
 from tests.conftest import PROJECT_ROOT, SHARED_DATA
 from tests.flower.inprocess import initialised
@@ -92,7 +92,8 @@ def test_a_ledger_restored_from_another_nodes_backup_is_refused_its_own_is_accep
 
 def _init(policy, cwd, *partition):
     return subprocess.run([sys.executable, "-m", "fedpriv.node", "init", "--policy", str(policy), *partition],
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True)
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                          check=False)
 
 
 def test_init_works_once_and_refuses_a_second_time_even_from_another_folder(tmp_path):
@@ -124,8 +125,8 @@ def test_a_relative_state_dir_never_follows_the_working_directory(tmp_path, monk
     for cwd in (tmp_path, tmp_path / "nodes"):
         cwd.mkdir(exist_ok=True)
         monkeypatch.chdir(cwd)
-        loaded = load_policy({"partition-id": 1}, environ={"FEDPRIV_NODE_POLICY": "policy.toml" if cwd == tmp_path
-                                                             else str(policy)})
+        named = "policy.toml" if cwd == tmp_path else str(policy)  # the file named relative to the cwd, or not
+        loaded = load_policy({"partition-id": 1}, environ={POLICY_ENV: named})
         seen.append((loaded.state_dir, loaded.data_dir))
     assert seen == [(tmp_path / "nodes" / "1", tmp_path / "data")] * 2
     for key in ("state-dir", "data-dir"):  # --node-config has no folder of its own: refused
@@ -151,7 +152,7 @@ def test_a_simulated_node_whose_ledger_was_lost_refuses_while_the_other_trains_o
                                "--limit-train", "400", "--limit-test", "100", "--lot-size", "64", "--model", "cnn",
                                "--data-dir", str(shared_data_dir), "--state-dir", str(state), "--out", str(out)],
                               cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return json.loads((out / "results.json").read_text()), done.stdout + done.stderr
 
