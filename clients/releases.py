@@ -125,7 +125,7 @@ def _read_releases(policy: NodePolicy) -> dict[str, Any]:
         return {}
     except (OSError, json.JSONDecodeError) as err:  # the path is logged here, never sent
         logging.getLogger(__name__).error("%s: %s", policy.releases_path, err)
-        reason = err.strerror if isinstance(err, OSError) else err.msg
+        reason = (err.strerror or type(err).__name__) if isinstance(err, OSError) else err.msg
         raise LedgerError(f"corrupt releases file {policy.releases_path.name!r}: {reason}") from err
 
 

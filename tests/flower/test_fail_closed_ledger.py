@@ -164,3 +164,14 @@ def test_a_simulated_node_whose_ledger_was_lost_refuses_while_the_other_trains_o
     assert GONE in log and not (state / "nodes" / "0" / "ledger.json").exists()
     node1 = PrivacyLedger.load(state / "nodes" / "1" / "ledger.json")
     assert len(node1.entries("1")) == 2  # a round in each run
+
+
+def test_booking_into_a_ledger_gone_after_the_handlers_check_starts_no_empty_one(tmp_path):
+    from clients.releases import Refusal, book
+    from fedpriv.privacy import Budget, GaussianEvent
+
+    policy = load_policy(_node(tmp_path / "node"), environ={})
+    (tmp_path / "node" / "ledger.json").unlink()  # between the handler's check and its booking
+    with pytest.raises(Refusal, match="not initialised or is gone"):
+        book(policy, "0", "run-a/round-1/train", (GaussianEvent(1.0),), Budget(math.inf, 1e-5))
+    assert not (tmp_path / "node" / "ledger.json").exists()
