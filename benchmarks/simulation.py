@@ -179,7 +179,7 @@ def measure(point: Point, args: argparse.Namespace, settings: RunSettings) -> di
     with tempfile.TemporaryDirectory() as tmp:
         overrides = run_config(point, args, tmp)
         policy = simulated_node_policy(get_fused_config_from_dir(PROJECT_ROOT, overrides), Path(tmp))
-        with node_policy_env(policy, Path(tmp)), PeakMemory() as memory:
+        with node_policy_env(policy, Path(tmp), point.clients), PeakMemory() as memory:
             total = simulate(point.clients, overrides, flower_delivery=args.flower_delivery)
         results = json.loads((Path(tmp) / "results.json").read_text())
     sim = [r["train_seconds"] for r in results["rounds"]]

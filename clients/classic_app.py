@@ -30,8 +30,9 @@ from fedpriv.algorithms.datasets import LOADERS, client_share, load
 from fedpriv.data import DatasetNotFoundError, check_available, load_dataset
 from fedpriv.dpsgd import DPSGDConfig
 from fedpriv.federation import protocol
-from fedpriv.federation.policy import Randomness, load_policy
+from fedpriv.federation.policy import Randomness
 from fedpriv.models import build_model
+from fedpriv.node import checked_policy
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 from fedpriv.seeding import derive_seed
 
@@ -342,7 +343,7 @@ def entry(run_key: str, algorithm: str, step: int) -> str:
 
 def release(msg: Message, context: Context) -> RecordDict:
     """Book, then compute and noise this node's statistic for the requested step."""
-    policy = load_policy(context.node_config)
+    policy = checked_policy(context.node_config)
     node = Node(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]), policy.data_dir)
     request = Request(msg.content.config_records[CONFIG], msg.content.array_records[ARRAYS])
     algorithm = str(request.config["algorithm"])

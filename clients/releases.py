@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ def book(policy: NodePolicy, client: str, entry: str, events: tuple[DpEvent, ...
     ``Refusal`` (entry already booked, or over ``budget``). Returns how many entries the
     client had before: an ordinal that never repeats."""
     with LedgerStore(policy.ledger_path).transaction(policy.budget, policy.accountant) as ledger:
+        if ledger.ledger_id is None:  # gone since the handler's check_ledger, or never initialised
+            raise Refusal("this node's ledger is not initialised or is gone: it books nothing")
         if ledger.has_entry(client, entry):
             raise Refusal(f"client {client} already ran {entry}; a node never answers one entry twice")
         if not ledger.can_afford(client, events, budget=budget):
@@ -120,8 +123,10 @@ def _read_releases(policy: NodePolicy) -> dict[str, Any]:
         return json.loads(policy.releases_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as err:
-        raise LedgerError(f"corrupt releases file {policy.releases_path}: {err}") from err
+    except (OSError, json.JSONDecodeError) as err:  # the path is logged here, never sent
+        logging.getLogger(__name__).error("%s: %s", policy.releases_path, err)
+        reason = (err.strerror or type(err).__name__) if isinstance(err, OSError) else err.msg
+        raise LedgerError(f"corrupt releases file {policy.releases_path.name!r}: {reason}") from err
 
 
 @torch.no_grad()

@@ -29,9 +29,10 @@ from clients.partition import Split
 from clients.releases import book, missing_data, noisy_evaluation, released_size, stored_size
 from fedpriv.data import DatasetNotFoundError, TensorPair, load_dataset
 from fedpriv.federation import protocol
-from fedpriv.federation.policy import NodePolicy, Randomness, load_policy
+from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model, model_inputs
+from fedpriv.node import checked_policy
 from fedpriv.seeding import seeded_training_seed
 from fedpriv.training import default_device, train_round
 
@@ -85,7 +86,7 @@ def client_id(node_config: Mapping[str, Any]) -> str:
 
 def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
-    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
     # Refusal (the data is missing): nothing booked
     n = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
@@ -110,7 +111,7 @@ def _received_model(msg: Message, name: str, seed: int) -> torch.nn.Module:
 
 def train(msg: Message, context: Context) -> RecordDict:
     """Book the round, then run local DP-SGD on the received model and return it."""
-    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
@@ -146,7 +147,7 @@ def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
 def evaluate(msg: Message, context: Context) -> RecordDict:
     """A noisy, booked evaluation of the received model on this node's test partition,
     where the node's policy allows it."""
-    policy, settings = load_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     if not policy.allow_evaluate:
         raise protocol.ProtocolError("this node's policy does not allow evaluation (allow-evaluate = false)")
     cid = client_id(context.node_config)

@@ -27,6 +27,7 @@ def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy
     from clients.classic_app import app as client_app
     from fedpriv.federation.policy import POLICY_ENV, policy_file_text
     from fedpriv.federation.seeded import warn_seeded
+    from fedpriv.node import init_nodes
     from fedpriv.privacy import PrivacyLedger
     from server.discovery import wait_for_nodes
     from simulations._ray import ray_cluster
@@ -45,6 +46,7 @@ def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy
     with tempfile.TemporaryDirectory(prefix="fedpriv-nodes-") as state:
         policy_path = Path(state) / "policy.toml"
         policy_path.write_text(policy_file_text({**policy, "state-dir": f"{state}/nodes/{{partition-id}}"}))
+        init_nodes(policy_path, range(clients))
         with ray_cluster({}, {POLICY_ENV: str(policy_path)}):
             os.environ[POLICY_ENV] = str(policy_path)
             run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,

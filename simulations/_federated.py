@@ -12,8 +12,10 @@ policy (``simulated_node_policy``): budget from the flags, seeded randomness and
 partition key for all its nodes from ``--seed`` (reproducible, which a deployment must not be), N public unless
 ``--num-examples-noise`` is given (as the centralized baseline assumes), and each node's
 durable ledger under ``--state-dir``/nodes/<partition id>, and their data folder from
-``--data-dir`` (a node never reads the folder a run config names). Without ``--state-dir`` all
-state lives in a temporary folder and is gone after the run.
+``--data-dir`` (a node never reads the folder a run config names). It initialises the ledger
+of each node never initialised (``fedpriv.node``; the ids recorded beside the nodes' policy
+file, ``nodes/policy.toml``): a node whose ledger was lost refuses, never starts again.
+Without ``--state-dir`` all state lives in a temporary folder and is gone after the run.
 
 Every input is checked before Ray starts: the flags by their argparse types
 (``simulations._cli``, before torch is imported), the fused run config by ``RunSettings``
@@ -42,6 +44,7 @@ from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
+from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
 from simulations._cli import federated_parser, flag_message, use_cache_dir
@@ -151,11 +154,13 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
 
 
 @contextlib.contextmanager
-def node_policy_env(policy: Mapping[str, Any], state_dir: Path) -> Iterator[Path]:
-    """Write the simulated nodes' policy file and point ``FEDPRIV_NODE_POLICY`` at it for
-    the simulation's processes (Ray workers inherit the environment)."""
+def node_policy_env(policy: Mapping[str, Any], state_dir: Path, clients: int) -> Iterator[Path]:
+    """Write the simulated nodes' policy file, initialise the ledgers of the ``clients`` nodes
+    never initialised, and point ``FEDPRIV_NODE_POLICY`` at the file for the simulation's
+    processes (Ray workers inherit the environment)."""
     path = state_dir / "nodes" / "policy.toml"
     write_bytes_atomic(path, policy_file_text(policy).encode())
+    init_nodes(path, range(clients))  # a node whose ledger was lost stays refusing
     saved = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = str(path)
     try:
@@ -254,7 +259,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
         warn_seeded()  # this process's one warning; each node process prints its own
-        stack.enter_context(node_policy_env(policy, state_dir))
+        stack.enter_context(node_policy_env(policy, state_dir, args.clients))
         wall = simulate(args.clients, overrides, backend_config(args, settings))
     out = Path(overrides["out"])
     results_path = out / "results.json"

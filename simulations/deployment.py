@@ -154,22 +154,24 @@ class Deployment:
 
     def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None) -> None:
         """Certificates and keys (kept across restarts), each node's policy (its data in
-        ``data_dir``) and pin shim."""
+        ``data_dir``), its ledger where never initialised, and pin shim."""
         from clients.pinned import write_shim
         from fedpriv.certificates import write_node_key, write_tls
         from fedpriv.files import write_bytes_atomic
         from fedpriv.federation.policy import policy_file_text
+        from fedpriv.node import init_nodes
 
         certs = self.out / "certs"
         if not (certs / "ca.key").exists():
             write_tls(certs, self.network.superlink_hosts)
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes):
             if not node.key.exists():
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
             policy = node_policy(node, epsilon_budget, delta_, app, data_dir)
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
+            init_nodes(node.policy, [i])  # `python -m fedpriv.node init`, once: a lost ledger stays lost
 
     @property
     def tls(self) -> Any:

@@ -11,6 +11,11 @@ Keys (kebab-case, as in ``--node-config``):
 - ``epsilon-budget`` (required): the node's total ε over all runs, at ``delta``.
   ``inf`` is accepted only when written out: an operator's explicit choice.
 - ``state-dir`` (required): where the durable ledger lives (``{partition-id}`` is expanded).
+  A relative ``state-dir`` or ``data-dir`` in a policy file is taken relative to that file's
+  own folder (once, when it is read: the same policy started from two folders keeps one
+  ledger); in ``--node-config``, which has no folder, it must be absolute (or start with ``~``).
+  Before it answers anything, a node checks the ledger there is the one it was initialised
+  with (``python -m fedpriv.node init``; see ``fedpriv.node``).
 - ``delta`` (default 1e-5).
 - ``randomness``: ``secure`` (default; lots and noise from the OS CSPRNG) or ``seeded``
   with ``seed``: reproducible for whoever knows the seed — weaker, since the seed's holder
@@ -45,7 +50,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -99,6 +104,8 @@ class NodePolicy:
     trusted_apps: tuple[str, ...] = ()
     data_dir: Path | None = None
     partition_key: int = 0
+    policy_file: Path | None = field(default=None, compare=False)
+    """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon_budget, (int, float)) and self.epsilon_budget > 0):
@@ -140,8 +147,9 @@ class NodePolicy:
         return GaussianEvent(self.evaluate_noise / EVALUATE_SENSITIVITY)
 
 
-_KEYS = {f.name.replace("_", "-"): f.name for f in fields(NodePolicy)}
+_KEYS = {f.name.replace("_", "-"): f.name for f in fields(NodePolicy) if f.name != "policy_file"}
 _KEYS["policy"] = "policy"
+_PATHS = ("state-dir", "data-dir")
 
 
 def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
@@ -149,6 +157,7 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
     what to set when a required key is missing (the node then refuses: fail closed)."""
     path = node_config.get("policy") or environ.get(POLICY_ENV)
     values: dict[str, Any] = {}
+    policy_file = None
     if path:
         try:
             from_file = tomllib.loads(Path(str(path)).read_text(encoding="utf-8"))
@@ -157,13 +166,18 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
         unknown = sorted(set(from_file) - set(_KEYS))
         if unknown:
             raise PolicyError(f"unknown keys in the node policy file {str(path)!r}: {', '.join(unknown)}")
+        policy_file = Path(str(path)).expanduser().resolve()
+        for key in _PATHS:  # relative to the file's folder, never to the working directory
+            if isinstance(from_file.get(key), str) and from_file[key]:
+                from_file[key] = str(policy_file.parent / Path(from_file[key]).expanduser())
         values.update(from_file)
     values.update({k: v for k, v in node_config.items() if k in _KEYS and k != "policy"})
     for required in ("epsilon-budget", "state-dir"):
         if required not in values or values[required] in ("", None):
             raise PolicyError(f"this node has no '{required}' in its privacy policy, so it refuses to "
                               f"train or release anything: {MISSING_HELP}")
-    policy = NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()})
+    policy = NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()},
+                        policy_file=policy_file)
     if policy.randomness is Randomness.SEEDED:
         warn_seeded()  # once per process: the risk is the operator's to see
     return policy
@@ -184,11 +198,11 @@ def policy_file_text(values: Mapping[str, Any]) -> str:
 
 def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
     """One policy value to its field's type; ``PolicyError`` on a bad one."""
+    if name in ("state_dir", "data_dir") and str(value):
+        return _absolute(name, str(value), node_config)
     try:
-        if name == "state_dir":
-            return Path(str(value).replace("{partition-id}", str(node_config.get("partition-id", "")))).resolve()
         if name == "data_dir":
-            return Path(str(value)).expanduser().resolve() if str(value) else None
+            return None
         if name == "randomness":
             return Randomness(value)
         if name == "accountant":
@@ -211,6 +225,21 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
         return number
     except (TypeError, ValueError) as err:
         raise PolicyError(f"node policy: bad value {value!r} for '{name.replace('_', '-')}'") from err
+
+
+def _absolute(name: str, value: str, node_config: Mapping[str, Any]) -> Path:
+    """A folder of the policy, ``{partition-id}`` expanded; ``PolicyError`` where it is relative
+    (it would follow the working directory: two ledgers for one node)."""
+    key = name.replace("_", "-")
+    if "{partition-id}" in value:
+        if "partition-id" not in node_config:
+            raise PolicyError(f"node policy: '{key}' names {{partition-id}} but the node has no partition-id")
+        value = value.replace("{partition-id}", str(node_config["partition-id"]))
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise PolicyError(f"node policy: '{key}' must be an absolute path (or one relative to its policy file's "
+                          "folder): a relative one would follow the working directory")
+    return path.resolve()
 
 
 def _digests(value: Any) -> tuple[str, ...]:

@@ -130,6 +130,7 @@ class PrivacyLedger:
         self.budget = budget
         self.accountant = AccountantKind(accountant)
         self.client_budgets: dict[str, Budget] = dict(client_budgets or {})
+        self.ledger_id: str | None = None  # a node's ledger identity (``fedpriv.node``); None: none given
         self._entries: dict[str, dict[str, tuple[DpEvent, ...]]] = {}
         # ε of all of a client's events, per client and (accountant kind, δ): a value is
         # only ever read back for the kind and δ it was computed at, so changing
@@ -224,10 +225,11 @@ class PrivacyLedger:
 
     # --- persistence ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The versioned JSON form (schema version 2)."""
+        """The versioned JSON form (schema version 2); ``ledger_id`` only where set."""
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
+            **({"ledger_id": self.ledger_id} if self.ledger_id is not None else {}),
             "accountant": self.accountant.value,
             "budget": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
             "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta} for c, b in sorted(self.client_budgets.items())},
@@ -253,6 +255,10 @@ class PrivacyLedger:
                 data["accountant"],
                 {c: Budget(**b) for c, b in data.get("client_budgets", {}).items()},
             )
+            ledger_id = data.get("ledger_id")
+            if ledger_id is not None and not (isinstance(ledger_id, str) and ledger_id):
+                raise ValueError(f"ledger_id must be a non-empty string, got {ledger_id!r}")
+            ledger.ledger_id = ledger_id
             for client, items in data["clients"].items():
                 _check_client(client)
                 keyed = [_read_entry(item, version) for item in items]

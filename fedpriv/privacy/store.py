@@ -16,7 +16,9 @@ Why:
   fsync, ``os.replace``, then an fsync of the folder so the rename itself is durable).
   The lock lives in a separate file because ``os.replace`` swaps the ledger's inode.
 - A corrupt or unreadable file raises ``LedgerError``; the store never silently starts
-  an empty ledger over one (that would reset every client's spent ε to 0).
+  an empty ledger over one (that would reset every client's spent ε to 0). Its text names
+  the file but not its folder (a node's refusal reaches the server, and a node's paths are
+  none of the server's business); the full path is logged locally.
 
 Usage::
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -47,6 +50,7 @@ from fedpriv.files import write_json_atomic
 from fedpriv.privacy.accountants import AccountantKind
 from fedpriv.privacy.ledger import Budget, LedgerError, PrivacyLedger
 
+log = logging.getLogger(__name__)
 _held = threading.local()  # lock files this thread holds a transaction on
 
 
@@ -114,7 +118,7 @@ class LedgerStore:
             ledger = None
         if ledger is None:
             if budget is None:
-                raise LedgerError(f"no ledger file {str(self.path)!r} (and no budget given for an empty one)")
+                raise self._error(f"no ledger file {self.path.name!r} (and no budget given for an empty one)")
             return PrivacyLedger(budget, kind or AccountantKind.RDP)
         if budget is not None:
             ledger.budget = budget
@@ -130,12 +134,21 @@ class LedgerStore:
         except FileNotFoundError:
             return None
         except OSError as err:
-            raise LedgerError(f"cannot read ledger file {str(self.path)!r}: {err.strerror or err}") from err
+            raise self._error(f"cannot read ledger file {self.path.name!r}: "
+                              f"{err.strerror or type(err).__name__}") from err
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise LedgerError(f"corrupt ledger file {str(self.path)!r}: not UTF-8 ({err.reason})") from err
-        return PrivacyLedger.from_json(text, self.path)
+            raise self._error(f"corrupt ledger file {self.path.name!r}: not UTF-8 ({err.reason})") from err
+        try:
+            return PrivacyLedger.from_json(text, self.path.name)
+        except LedgerError as err:
+            raise self._error(str(err)) from err
+
+    def _error(self, message: str) -> LedgerError:
+        """``message`` (naming no folder) as a ``LedgerError``; logged here with the full path."""
+        log.error("%s: %s", self.path, message)
+        return LedgerError(message)
 
     @contextlib.contextmanager
     def _locked(self, operation: int) -> Iterator[None]:

@@ -10,7 +10,7 @@ from fedpriv.algorithms import kmeans, linreg
 from fedpriv.algorithms.datasets import load
 from fedpriv.privacy import PrivacyLedger, make_accountant
 from server.classic import federated_dplloyd, federated_linreg
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 DIABETES = linreg.Bounds(np.full(10, -0.2), np.full(10, 0.2), (25.0, 346.0))
@@ -51,7 +51,7 @@ def test_a_node_refuses_a_release_over_its_budget_before_reading_data(tmp_path, 
     grid = _grid(tmp_path, 2, budget=1.0)
     _, shares = federated_linreg(grid, "diabetes", 0, 2.0, DIABETES)
     assert len(shares.refused) == 2 and all("exceed its budget" in r for r in shares.refused.values())
-    assert read == [] and not (tmp_path / "node0" / "ledger.json").exists()  # nothing booked, nothing read
+    assert read == [] and not booked(tmp_path / "node0")  # nothing booked, nothing read
 
 
 def test_federated_dplloyd_spends_epsilon_over_its_iterations_and_clusters(tmp_path):
@@ -152,7 +152,7 @@ def test_a_noiseless_or_malformed_training_or_query_request_is_refused_and_books
         assert accepted == 0 and len(shares.refused) == 2
         refusals.append(list(shares.refused.values()))
     assert all("exceed its budget" in reason for reason in refusals[0])  # σ = 0 costs infinite ε
-    assert not (tmp_path / "node0" / "ledger.json").exists() and not (tmp_path / "node1" / "ledger.json").exists()
+    assert not booked(tmp_path / "node0") and not booked(tmp_path / "node1")
 
 
 def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_path, monkeypatch):

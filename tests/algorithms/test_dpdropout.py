@@ -255,14 +255,14 @@ def test_federated_dpd_books_every_round_in_each_node_and_stops_at_the_budget(tm
 def test_a_node_refuses_a_malformed_dpd_request_before_booking(tmp_path):
     from clients.classic_app import app
     from server.classic import federated_dpdropout
-    from tests.flower.inprocess import InProcessGrid, node_config
+    from tests.flower.inprocess import InProcessGrid, booked, node_config
 
     grid = InProcessGrid({}, {0: node_config(0, 1, tmp_path, **{"epsilon-budget": 4.0, "randomness": "seeded",
                                                                 "seed": 1})}, client_app=app)
     settings_ = Settings("dpd", hidden=8, max_grad_norm=0.5, lot_size=1, epochs=1, lr=1.0, fixed_sample_rate=0.5)
     _, shares = federated_dpdropout(grid, "iris", 0, settings_, 2.0, share_size=100)
     assert len(shares.refused) == 1 and "digits" in next(iter(shares.refused.values()))
-    assert not (tmp_path / "node0" / "ledger.json").exists()
+    assert not booked(tmp_path / "node0")
 
 
 def test_unseeded_training_draws_lots_and_noise_from_the_os():

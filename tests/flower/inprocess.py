@@ -2,8 +2,9 @@
 real ClientApps (by default ``clients.client_app.app``) with a per-node Context, and can lose replies,
 duplicate them, or "kill" the server mid-round (raise after delivering).
 
-Each node's policy is in its ``node_config`` (what a SuperNode's ``--node-config`` holds);
-its durable ledger lives in the state folder named there, so a node restarted with a new
+Each node's policy is in its ``node_config`` (what a SuperNode's ``--node-config`` holds),
+with an empty policy file beside which its ledger's id is recorded (``initialised``); its
+durable ledger lives in the state folder named there, so a node restarted with a new
 Context keeps it.
 """
 
@@ -18,6 +19,9 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_app import app as dpsgd_app
+from fedpriv.federation.policy import load_policy
+from fedpriv.node import init, recorded_id
+from fedpriv.privacy import PrivacyLedger
 
 
 class ServerKilled(Exception):
@@ -26,8 +30,28 @@ class ServerKilled(Exception):
 
 def node_config(partition: int, num_partitions: int, state: Path, **policy: Any) -> dict[str, Any]:
     """``--node-config`` of a node with its own state folder and policy keys."""
-    return {"partition-id": partition, "num-partitions": num_partitions,
-            "state-dir": str(state / f"node{partition}"), **policy}
+    return initialised({"partition-id": partition, "num-partitions": num_partitions,
+                        "state-dir": str(state / f"node{partition}"), **policy})
+
+
+def initialised(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` naming an (empty) policy file in its state folder, its ledger initialised
+    there as its operator would (``python -m fedpriv.node init``) unless it was already."""
+    policy_file = Path(str(config["state-dir"])) / "policy.toml"
+    if not policy_file.exists():
+        policy_file.parent.mkdir(parents=True, exist_ok=True)
+        policy_file.write_text("")
+    config = {**config, "policy": str(policy_file)}
+    policy = load_policy(config, environ={})
+    if recorded_id(policy) is None:
+        init(policy)
+    return config
+
+
+def booked(state_dir: Path) -> dict[str, dict]:
+    """Client → its entries in the ledger in ``state_dir`` (none: nothing was booked)."""
+    ledger = PrivacyLedger.load(state_dir / "ledger.json")
+    return {client: ledger.entries(client) for client in ledger.clients()}
 
 
 class InProcessGrid:

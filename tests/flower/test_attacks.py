@@ -24,6 +24,7 @@ from fedpriv.privacy.events import ComposedEvent
 from fedpriv.training import TrainingPlan, train_round
 from server.checks import check_train_reply, update_norm_bound
 from tests.conftest import SHARED_DATA
+from tests.flower.inprocess import booked, initialised
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -42,8 +43,8 @@ def run_config(shared_data_dir):
 
 
 def _context(run_config, state, run_id=1, data_dir=SHARED_DATA, **policy):
-    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), "data-dir": str(data_dir),
-                   **policy}
+    node_config = initialised({"partition-id": 0, "num-partitions": 2, "state-dir": str(state),
+                               "data-dir": str(data_dir), **policy})
     return Context(run_id=run_id, node_id=5, node_config=node_config, state=RecordDict(), run_config=dict(run_config))
 
 
@@ -199,7 +200,7 @@ def _evaluate(context, run_key="run-a", server_round=1):
 def test_evaluate_is_refused_by_default_and_noisy_and_booked_when_allowed(run_config, tmp_path):
     refused = _evaluate(_context(run_config, tmp_path / "default", **{"epsilon-budget": math.inf}))
     assert refused.has_error() and "allow-evaluate" in refused.error.reason
-    assert not (tmp_path / "default" / "ledger.json").exists()  # nothing booked, nothing computed
+    assert not booked(tmp_path / "default")  # nothing booked, nothing computed
     # The label-histogram attack asks many evaluations; each is noisy and each is booked
     context = _context(run_config, tmp_path / "allowed",
                        **{"epsilon-budget": math.inf, "allow-evaluate": True, "evaluate-noise": 20.0})
@@ -245,7 +246,7 @@ def test_a_malformed_train_message_is_refused_and_books_nothing(run_config, tmp_
     reply = _send(_context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True}),
                   content, MessageType.TRAIN)
     assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
-    assert not (tmp_path / "ledger.json").exists()
+    assert not booked(tmp_path)
 
 
 @pytest.mark.usefixtures("one_torch_thread")  # 200 evaluations of a small CNN
@@ -301,7 +302,7 @@ def test_a_node_without_its_data_refuses_before_booking_anything(run_config, sha
         assert reply.has_error() and reply.error.code == protocol.REFUSAL_CODE
         assert "holds no mnist in its policy's data-dir" in reply.error.reason
         assert str(own) not in reply.error.reason and "\n" not in reply.error.reason
-    assert not (tmp_path / "state" / "ledger.json").exists()
+    assert not booked(tmp_path / "state")
     assert not (tmp_path / "state" / "releases.json").exists()
     assert list(own.iterdir()) == []
 

@@ -16,6 +16,7 @@ from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import to_dp_accounting
 from simulations._federated import PROJECT_ROOT
 from simulations.deployment import Deployment, NamespaceNetwork, Network, check_netns, freeze_app
+from tests.flower.inprocess import booked
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +172,7 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
     node_log = deployment.nodes[0].log.read_text() + run.tail(20000)
     assert not mark.exists()
     assert "is not one this node trusts" in node_log, node_log[-3000:]
-    assert not (deployment.nodes[0].state / "ledger.json").exists()
+    assert not booked(deployment.nodes[0].state)
     assert code == 0 and "Nothing to train: no node described itself" in run.tail(20000)
 
 

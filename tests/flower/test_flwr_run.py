@@ -9,6 +9,7 @@ import pytest
 
 from fedpriv.certificates import TlsFiles, write_node_key, write_tls
 from fedpriv.federation.policy import POLICY_ENV
+from fedpriv.node import init_nodes
 from simulations._federated import PROJECT_ROOT
 from simulations._processes import (BIN, Processes, base_env, free_port, healthy, stop_group, superlink_command,
                                     supernode_command, write_flwr_config)
@@ -28,6 +29,7 @@ def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, su
     policy = tmp_path / "policy.toml"
     policy.write_text(f'epsilon-budget = 100.0\nstate-dir = "{tmp_path}/nodes/{{partition-id}}"\n'
                       'public-num-examples = true\n' + (f'data-dir = "{data_dir}"\n' if data_dir else ''))
+    init_nodes(policy, range(2))  # the operator's `python -m fedpriv.node init`
     env = {**base_env(home), "PYTHONPATH": str(PROJECT_ROOT), POLICY_ENV: str(policy)}
     with Processes() as processes:
         started = processes.start("SuperLink", superlink_command(port, home / "state.db", tls, simulation=simulation,
