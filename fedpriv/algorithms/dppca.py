@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
+from fedpriv.dpsgd.config import check_sample_rate
 from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.sampling import poisson_lot, secure_poisson_lot
 from fedpriv.privacy import GaussianEvent, PoissonSampledEvent, calibrate_noise_multiplier
@@ -94,8 +95,7 @@ def second_moment(x: torch.Tensor) -> torch.Tensor:
 
 def pca_event(noise_multiplier: float, sample_rate: float = 1.0) -> DpEvent:
     """The cost of one release: the Gaussian mechanism, on a Poisson sample when q < 1."""
-    if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    check_sample_rate(sample_rate)
     gaussian = GaussianEvent(float(noise_multiplier))
     return gaussian if sample_rate == 1 else PoissonSampledEvent(float(sample_rate), gaussian)
 

@@ -116,7 +116,13 @@ def _check_event(event: object) -> None:
 
 
 def dpsgd_event(noise_multiplier: float, sample_rate: float, steps: int) -> DpEvent:
-    """The event of ``steps`` DP-SGD steps: Poisson lots at rate q, Gaussian noise σ."""
+    """The event of ``steps`` DP-SGD steps: Poisson lots at rate q, Gaussian noise σ.
+
+    Refuses (``ValueError``) a q that fedpriv's Poisson samplers cannot draw faithfully, so a
+    request for one is refused before it is booked (``fedpriv.dpsgd.config.check_sample_rate``)."""
+    from fedpriv.dpsgd.config import check_sample_rate  # here: fedpriv.dpsgd imports this module
+
+    check_sample_rate(sample_rate)
     return SelfComposedEvent(PoissonSampledEvent(sample_rate, GaussianEvent(noise_multiplier)), steps)
 
 
