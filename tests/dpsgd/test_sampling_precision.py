@@ -42,7 +42,7 @@ def test_the_real_inclusion_rate_at_a_tiny_q_is_q_not_two_to_the_minus_24():
 
 
 def test_the_secure_sampler_uses_the_same_rule():
-    # ⌊q·2⁵³⌋/2⁵³ at q = 1 is 1 and at q just above 2⁻⁵³·k it is k/2⁵³: nothing kept at 2⁻³³·1.5 in 10⁵
+    # ⌊q·2⁵³⌋/2⁵³: 1 at q = 1; at q = 1.5·2⁻³³ 10⁵ draws keep one with probability 2·10⁻⁵
     assert torch.equal(secure_poisson_lot(9, 1.0, "cpu"), torch.arange(9))
     assert secure_poisson_lot(10**5, 1.5 * MIN_SAMPLE_RATE, "cpu").numel() == 0
 
