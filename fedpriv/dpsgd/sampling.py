@@ -30,7 +30,9 @@ def poisson_lot(num_examples: int, sample_rate: float, generator: torch.Generato
     """Indices (ascending) of a lot holding each of ``num_examples`` with probability
     ⌊q·2⁵³⌋/2⁵³ ≤ q.
 
-    Drawn on ``generator``'s device (CPU or CUDA) from ``generator`` alone: N 53-bit integers per lot.
+    Drawn on ``generator``'s device (CPU or CUDA) from ``generator`` alone: N 53-bit integers
+    per lot (``torch.randint`` over 2⁵³ values reduces 64 random bits mod 2⁵³ on both: exactly
+    uniform).
     """
     threshold = inclusion_threshold(sample_rate)
     draws = torch.randint(0, 2**SAMPLER_BITS, (num_examples,), generator=generator, device=generator.device,
