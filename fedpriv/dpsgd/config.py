@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from fedpriv.privacy import events
+
 
 class Clipping(StrEnum):
     """How each example's gradient is bounded.
@@ -48,24 +50,10 @@ class ConfigError(ValueError):
     """A DP-SGD setting is out of range."""
 
 
-SAMPLER_BITS = 53
-"""The Poisson samplers draw a uniform k in [0, 2⁵³) per example and keep it iff
-k < ⌊q·2⁵³⌋ (``fedpriv.dpsgd.sampling``): the rate they realise is ⌊q·2⁵³⌋/2⁵³ ≤ q, never
-above the q that is booked (ε grows with q)."""
-
-MIN_SAMPLE_RATE = 2.0**-33
-"""The smallest q accepted (about 1.2e-10, one record in 8.6e9): from it up the realised rate
-is within a relative 2⁻²⁰ of q; below it the sampler cannot draw q faithfully (nothing at all
-under 2⁻⁵³), and such a request is an error or an attack."""
-
-
 def check_sample_rate(sample_rate: float, name: str = "sample_rate") -> float:
-    """``sample_rate`` if the samplers can draw it (``MIN_SAMPLE_RATE`` ≤ q ≤ 1), else ``ConfigError``."""
-    _check_number(name, sample_rate)
-    if not MIN_SAMPLE_RATE <= sample_rate <= 1:
-        raise ConfigError(f"{name} must be in [2^-33, 1] (what the Poisson samplers draw exactly), "
-                          f"got {sample_rate!r}")
-    return sample_rate
+    """``sample_rate`` if the Poisson samplers draw it faithfully, else ``ConfigError``
+    (``fedpriv.privacy.events.check_sample_rate``: ``MIN_SAMPLE_RATE`` ≤ q ≤ 1)."""
+    return events.check_sample_rate(sample_rate, name, ConfigError)
 
 
 @dataclass(frozen=True)

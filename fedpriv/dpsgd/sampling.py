@@ -17,8 +17,9 @@ import math
 
 import torch
 
-from fedpriv.dpsgd.config import SAMPLER_BITS, check_sample_rate
+from fedpriv.dpsgd.config import check_sample_rate
 from fedpriv.dpsgd.csprng import secure_uniform
+from fedpriv.privacy.events import SAMPLER_BITS
 
 
 def inclusion_threshold(sample_rate: float) -> int:

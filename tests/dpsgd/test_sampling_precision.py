@@ -12,9 +12,9 @@ from scipy import stats
 
 from fedpriv.algorithms import dpdropout, dppca
 from fedpriv.dpsgd import ConfigError, DPSGDConfig, steps_per_epoch
-from fedpriv.dpsgd.config import MIN_SAMPLE_RATE
 from fedpriv.dpsgd.sampling import poisson_lot, secure_poisson_lot
-from fedpriv.privacy.events import dpsgd_event
+from fedpriv.privacy.__main__ import main as privacy_command
+from fedpriv.privacy.events import MIN_SAMPLE_RATE, dpsgd_event
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -64,3 +64,11 @@ def test_the_smallest_accepted_q_is_drawn_within_a_relative_two_to_the_minus_20(
         DPSGDConfig(noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=q)
         realised = np.floor(q * 2.0**53) / 2.0**53
         assert q * (1 - 2.0**-20) < realised <= q
+
+
+def test_the_privacy_command_refuses_such_a_q_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        privacy_command(["epsilon", "--noise-multiplier", "1", "--sample-rate", "1e-12", "--steps", "20000",
+                         "--delta", "1e-5"])
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2 and out.err.count("\n") == 1 and "1e-12" in out.err
