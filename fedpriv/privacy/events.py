@@ -132,7 +132,8 @@ def check_sample_rate(sample_rate: float, name: str = "sample_rate",
     if not isinstance(sample_rate, (int, float)) or isinstance(sample_rate, bool) or math.isnan(sample_rate):
         raise error(f"{name} must be a number, got {sample_rate!r}")
     if not MIN_SAMPLE_RATE <= sample_rate <= 1:
-        raise error(f"{name} must be in [2^-33, 1] (what the Poisson samplers draw exactly), got {sample_rate!r}")
+        raise error(f"{name} must be in [2^-33, 1] (the rates the Poisson samplers draw faithfully), got "
+                    f"{sample_rate!r}")
     return sample_rate
 
 
