@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
+from fedpriv.dpsgd.config import check_sample_rate
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import derive_seed, generator
@@ -79,8 +80,8 @@ class Settings:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.dropout and self.method != "dpd":
             raise ValueError(f"{self.method} has no dropout (only dpd)")
-        if self.fixed_sample_rate is not None and not 0 < self.fixed_sample_rate <= 1:
-            raise ValueError(f"fixed_sample_rate must be in (0, 1], got {self.fixed_sample_rate!r}")
+        if self.fixed_sample_rate is not None:
+            check_sample_rate(self.fixed_sample_rate, "fixed_sample_rate")
 
     def sample_rate(self, num_examples: int) -> float:
         """q = lot / N (Poisson lots of that expected size), or the fixed rate."""

@@ -2,7 +2,8 @@
 second-moment matrix, the input layer of their MNIST MLP.
 
 **Release.** A Poisson sample of the records (each kept with probability ``sample_rate``),
-each flattened and scaled to unit L2 norm (a zero record stays zero: norm ≤ 1 either way),
+each flattened and scaled to unit L2 norm (a zero record stays zero: norm ≤ 1 either way; a
+record holding a NaN or ±∞ becomes the zero record, a fixed per-record rule, never an error),
 and the d × d matrix A = Σ x xᵀ over the sample, released as A + G with G's d² entries
 i.i.d. N(0, σ²), then symmetrised: (A + G + (A + G)ᵀ)/2 = A + (G + Gᵀ)/2 (post-processing;
 the noise on the diagonal is N(0, σ²), off it N(0, σ²/2)). This is Abadi et al.'s own
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
+from fedpriv.dpsgd.config import check_sample_rate
 from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.sampling import poisson_lot, secure_poisson_lot
 from fedpriv.privacy import GaussianEvent, PoissonSampledEvent, calibrate_noise_multiplier
@@ -64,18 +66,18 @@ class NoisyMoment:
 
 
 def _check_records(x: torch.Tensor) -> torch.Tensor:
+    """Records flattened (n × d, float64); one holding a NaN or ±∞ becomes zero."""
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         raise ValueError(f"records must be a tensor of shape (n, ...), got {getattr(x, 'shape', type(x))}")
     flat = x.flatten(1).to(torch.float64)
     if flat.shape[1] < 1:
         raise ValueError("records must have at least one coordinate")
-    if not torch.isfinite(flat).all():
-        raise ValueError("records must be finite (NaN or ∞ found)")
-    return flat
+    return torch.where(torch.isfinite(flat).all(dim=1, keepdim=True), flat, 0.0)
 
 
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
-    """Records flattened (n × d, float64), each scaled to unit L2 norm; zero records stay zero.
+    """Records flattened (n × d, float64), each scaled to unit L2 norm; zero records (and
+    non-finite ones, zeroed) stay zero.
 
     Divided by its largest |entry| first, so that no norm under- or overflows (a subnormal
     or a 1e300 record is scaled like any other)."""
@@ -94,8 +96,7 @@ def second_moment(x: torch.Tensor) -> torch.Tensor:
 
 def pca_event(noise_multiplier: float, sample_rate: float = 1.0) -> DpEvent:
     """The cost of one release: the Gaussian mechanism, on a Poisson sample when q < 1."""
-    if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    check_sample_rate(sample_rate)
     gaussian = GaussianEvent(float(noise_multiplier))
     return gaussian if sample_rate == 1 else PoissonSampledEvent(float(sample_rate), gaussian)
 

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpriv.algorithms.box import clamp
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
-from fedpriv.mechanisms import epsilon_of, laplace_mechanism
+from fedpriv.mechanisms import laplace_event, laplace_mechanism
 from fedpriv.privacy import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, LaplaceEvent, SelfComposedEvent
 
@@ -30,12 +31,14 @@ FOLDS = 5
 NUM_FEATURES = 4
 SENSITIVITY = 2.0
 """L1 diameter of the probability simplex: the most any answer can change."""
+ANSWER_BOUNDS = (0.0, 1.0)
+"""Every probability, clamped to it before its noise."""
 
 
 def scale(x: np.ndarray) -> torch.Tensor:
-    """Measurements clamped to the stated box and mapped to [−1, 1]."""
+    """Measurements clamped to the stated box (NaN to its middle: ``box.clamp``) and mapped to [−1, 1]."""
     low, high = BOX
-    return torch.as_tensor(2 * (np.clip(x, low, high) - low) / (high - low) - 1, dtype=torch.float32)
+    return torch.as_tensor(2 * (clamp(x, low, high) - low) / (high - low) - 1, dtype=torch.float32)
 
 
 def network(seed: int) -> nn.Module:
@@ -109,7 +112,7 @@ class PerturbedOutputs:
 
 def answer_event(epsilon_per_answer: float) -> LaplaceEvent:
     """What one answer costs (ε, plus the lattice's rounding: see ``fedpriv.mechanisms``)."""
-    return LaplaceEvent(1.0 / epsilon_of(3, SENSITIVITY, SENSITIVITY / epsilon_per_answer))
+    return laplace_event(3, sensitivity=SENSITIVITY, scale=SENSITIVITY / epsilon_per_answer, bounds=ANSWER_BOUNDS)
 
 
 def noisy_answers(model: nn.Module, queries: np.ndarray, epsilon_per_answer: float,
@@ -119,7 +122,7 @@ def noisy_answers(model: nn.Module, queries: np.ndarray, epsilon_per_answer: flo
     with torch.no_grad():
         probabilities = torch.softmax(model(scale(queries)), dim=1).numpy()
     answers = [laplace_mechanism(p, sensitivity=SENSITIVITY, scale=SENSITIVITY / epsilon_per_answer,
-                                 bounds=(0.0, 1.0), rng=rng).values for p in probabilities]
+                                 bounds=ANSWER_BOUNDS, rng=rng).values for p in probabilities]
     return np.array(answers), SelfComposedEvent(answer_event(epsilon_per_answer), len(queries))
 
 

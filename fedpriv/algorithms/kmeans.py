@@ -1,7 +1,7 @@
 """DP k-means from seed paper 002: DPLloyd (central) and input perturbation (local DP).
 
 Both need the data's bounds from the *user* (``low``, ``high`` per coordinate): records
-are clamped to them, never used to set them.
+are clamped to them (NaN to the midpoint: ``Box.clamp``), never used to set them.
 
 **DPLloyd** (Blum et al.'s SuLQ k-means, as in Su et al. 2016): a fixed number T of Lloyd
 iterations, each releasing every cluster's count and coordinate sum with Laplace noise.
@@ -28,8 +28,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from fedpriv.algorithms.box import Box
-from fedpriv.mechanisms import LaplaceRelease, epsilon_of, laplace_mechanism
-from fedpriv.privacy.events import ComposedEvent, DpEvent, LaplaceEvent, SelfComposedEvent
+from fedpriv.mechanisms import LaplaceRelease, laplace_event, laplace_mechanism
+from fedpriv.privacy.events import ComposedEvent, DpEvent, SelfComposedEvent
 
 
 SUM_BOUND = 1e12
@@ -40,8 +40,6 @@ def _records(x: np.ndarray, box: Box) -> np.ndarray:
     x = np.asarray(x, float)
     if x.ndim != 2 or x.shape[1] != len(box.low):
         raise ValueError(f"records must have shape (n, {len(box.low)}), got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("records must be finite (NaN or ∞ found)")
     return box.clamp(x)
 
 
@@ -132,13 +130,15 @@ def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 3
 def release_event(k: int, box: Box, epsilon: float) -> DpEvent:
     """What one ``noisy_sums`` release costs, known before any data is touched."""
     sensitivity = sums_sensitivity(box)
-    return LaplaceEvent(1.0 / epsilon_of(k * (1 + len(box.low)), sensitivity, sensitivity / epsilon))
+    return laplace_event(k * (1 + len(box.low)), sensitivity=sensitivity, scale=sensitivity / epsilon,
+                         bounds=(-SUM_BOUND, SUM_BOUND))
 
 
 def moments_event(box: Box, epsilon: float) -> DpEvent:
     """What one ``noisy_moments`` release costs, known before any data is touched."""
     sensitivity = moments_sensitivity(box)
-    return LaplaceEvent(1.0 / epsilon_of(1 + 2 * len(box.low), sensitivity, sensitivity / epsilon))
+    return laplace_event(1 + 2 * len(box.low), sensitivity=sensitivity, scale=sensitivity / epsilon,
+                         bounds=(-SUM_BOUND, SUM_BOUND))
 
 
 def noisy_sums(x: np.ndarray, centroids: np.ndarray, box: Box, epsilon: float,

@@ -18,7 +18,8 @@ noise scale are raised to it (a ridge of the size of the noise; Zhang et al.'s �
 discusses regularisation and spectral trimming), then w = M⁻¹ v.
 
 Bounds of the features and the target are the *user's* (``Bounds``): bounds read off the
-data would themselves leak it. Records outside them are clamped.
+data would themselves leak it. Records outside them are clamped, NaN to the midpoint of its
+range (``fedpriv.algorithms.box.clamp``): a NaN or ±∞ is never an error that depends on the data.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedpriv.algorithms.box import Box
-from fedpriv.mechanisms import epsilon_of, laplace_mechanism
-from fedpriv.privacy.events import ComposedEvent, DpEvent, LaplaceEvent
+from fedpriv.algorithms.box import Box, clamp
+from fedpriv.mechanisms import laplace_event, laplace_mechanism
+from fedpriv.privacy.events import ComposedEvent, DpEvent
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,12 @@ class Bounds:
 
     def scale_features(self, x: np.ndarray) -> np.ndarray:
         """Features clamped to the bounds and mapped to [−1, 1], with the intercept column."""
-        unit = 2 * (np.clip(x, self.low, self.high) - self.low) / (self.high - self.low) - 1
+        unit = 2 * (clamp(x, self.low, self.high) - self.low) / (self.high - self.low) - 1
         return np.hstack([unit, np.ones((len(x), 1))])
 
     def scale_target(self, y: np.ndarray) -> np.ndarray:
         low, high = self.target
-        return 2 * (np.clip(y, low, high) - low) / (high - low) - 1
+        return 2 * (clamp(y, low, high) - low) / (high - low) - 1
 
     def unscale_target(self, y: np.ndarray) -> np.ndarray:
         low, high = self.target
@@ -79,12 +80,11 @@ def sensitivities(num_features: int) -> tuple[float, float]:
 
 
 def coefficients(x: np.ndarray, y: np.ndarray, bounds: Bounds) -> Coefficients:
-    """The exact sums of records ``(x, y)`` (a clear error on NaN/∞ or bad shapes)."""
+    """The exact sums of records ``(x, y)`` brought into the bounds (``Bounds.scale_*``); a
+    clear error on bad shapes (the request's, not the data's)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if x.ndim != 2 or y.shape != (len(x),) or x.shape[1] != len(bounds.low):
         raise ValueError(f"need x of shape (n, {len(bounds.low)}) and y of shape (n,), got {x.shape} and {y.shape}")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("features and target must be finite (NaN or ∞ found)")
     xs, ys = bounds.scale_features(x), bounds.scale_target(y)
     rows, cols = np.triu_indices(xs.shape[1])
     monomials = xs[:, rows] * xs[:, cols] * np.where(rows == cols, 1.0, 2.0)
@@ -100,9 +100,11 @@ def release_event(num_features: int, epsilon: float, quadratic_share: float = 0.
     """What ``privatise`` costs, known before any data is touched (a node books it first)."""
     s_quad, s_lin = sensitivities(num_features)
     size = num_features + 1
+    bounds = (-SUM_BOUND, SUM_BOUND)
     return ComposedEvent((
-        LaplaceEvent(1.0 / epsilon_of(size * (size + 1) // 2, s_quad, s_quad / (epsilon * quadratic_share))),
-        LaplaceEvent(1.0 / epsilon_of(size, s_lin, s_lin / (epsilon * (1 - quadratic_share)))),
+        laplace_event(size * (size + 1) // 2, sensitivity=s_quad, scale=s_quad / (epsilon * quadratic_share),
+                      bounds=bounds),
+        laplace_event(size, sensitivity=s_lin, scale=s_lin / (epsilon * (1 - quadratic_share)), bounds=bounds),
     ))
 
 

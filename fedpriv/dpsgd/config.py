@@ -3,7 +3,8 @@
 Invariants checked here, once, at the edge:
 - ``noise_multiplier`` σ ≥ 0 and finite; ``max_grad_norm`` C > 0 (``inf`` only with σ = 0,
   which is the non-private schedule: same Poisson lots, no clipping, no noise);
-- ``sample_rate`` q in (0, 1]; ``max_physical_batch_size`` ≥ 1.
+- ``sample_rate`` q in [``MIN_SAMPLE_RATE``, 1], the rates the Poisson samplers draw
+  faithfully (``check_sample_rate``); ``max_physical_batch_size`` ≥ 1.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from fedpriv.privacy import events
 
 
 class Clipping(StrEnum):
@@ -47,6 +50,12 @@ class ConfigError(ValueError):
     """A DP-SGD setting is out of range."""
 
 
+def check_sample_rate(sample_rate: float, name: str = "sample_rate") -> float:
+    """``sample_rate`` if the Poisson samplers draw it faithfully, else ``ConfigError``
+    (``fedpriv.privacy.events.check_sample_rate``: ``MIN_SAMPLE_RATE`` ≤ q ≤ 1)."""
+    return events.check_sample_rate(sample_rate, name, ConfigError)
+
+
 @dataclass(frozen=True)
 class DPSGDConfig:
     """DP-SGD hyper-parameters (Abadi et al. 2016): noise σ, clip norm C, Poisson rate q.
@@ -69,15 +78,13 @@ class DPSGDConfig:
     def __post_init__(self) -> None:
         _check_number("noise_multiplier", self.noise_multiplier)
         _check_number("max_grad_norm", self.max_grad_norm)
-        _check_number("sample_rate", self.sample_rate)
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
             raise ConfigError(f"noise_multiplier must be finite and >= 0, got {self.noise_multiplier!r}")
         if not self.max_grad_norm > 0:
             raise ConfigError(f"max_grad_norm must be > 0 (inf for no clipping), got {self.max_grad_norm!r}")
         if math.isinf(self.max_grad_norm) and self.noise_multiplier != 0:
             raise ConfigError("max_grad_norm=inf needs noise_multiplier=0: noise σ·C would be infinite")
-        if not 0 < self.sample_rate <= 1:
-            raise ConfigError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
+        check_sample_rate(self.sample_rate)
         size = self.max_physical_batch_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"max_physical_batch_size must be an integer >= 1, got {size!r}")
@@ -116,9 +123,7 @@ class DPSGDConfig:
 def steps_per_epoch(sample_rate: float) -> int:
     """Lots per epoch: an epoch sees N examples and a lot holds q·N in expectation, so
     ``round(1/q)`` (at least 1)."""
-    if not 0 < sample_rate <= 1:
-        raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    return max(1, round(1 / sample_rate))
+    return max(1, round(1 / check_sample_rate(sample_rate)))
 
 
 def _check_number(name: str, value: object) -> None:

@@ -1,5 +1,12 @@
 """Privacy mechanisms shared by the algorithms: each returns its output and its event."""
 
-from fedpriv.mechanisms.laplace import LATTICE_EXPONENT, LaplaceRelease, epsilon_of, laplace_mechanism
+from fedpriv.mechanisms.laplace import (
+    LATTICE_EXPONENT,
+    LaplaceRelease,
+    epsilon_of,
+    laplace_event,
+    laplace_mechanism,
+    output_step,
+)
 
-__all__ = ["LATTICE_EXPONENT", "LaplaceRelease", "epsilon_of", "laplace_mechanism"]
+__all__ = ["LATTICE_EXPONENT", "LaplaceRelease", "epsilon_of", "laplace_event", "laplace_mechanism", "output_step"]

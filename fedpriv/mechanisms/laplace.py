@@ -39,15 +39,29 @@ class LaplaceRelease:
     event: LaplaceEvent
 
 
-def _check(values: np.ndarray, sensitivity: float, scale: float, bounds: tuple[float, float]) -> None:
-    if not np.all(np.isfinite(values)):
-        raise ValueError("values to release must be finite (NaN or ∞ found)")
+def _check(sensitivity: float, scale: float, bounds: tuple[float, float], k: int) -> None:
     for name, number in (("sensitivity", sensitivity), ("scale", scale)):
         if not (math.isfinite(number) and number > 0):
             raise ValueError(f"{name} must be finite and > 0, got {number!r}")
     low, high = bounds
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
         raise ValueError(f"bounds must be finite with low <= high, got {bounds!r}")
+    step = output_step(bounds, k)
+    if scale < step:
+        raise ValueError(f"scale {scale!r} is below the outputs' precision {step!r} within bounds {bounds!r}: "
+                         "the noise would round away (narrow the bounds or raise the scale)")
+
+
+def output_step(bounds: tuple[float, float], k: int = LATTICE_EXPONENT) -> float:
+    """The coarsest spacing of outputs within ``bounds``: the 2^k lattice or the spacing of
+    doubles at the larger |bound|, whichever is wider.
+
+    A noise scale below it rounds away (Haney et al. 2022, "precision-based attacks"): at
+    |x| ≥ 2⁵³·scale the output is x itself. ``laplace_event`` refuses such a scale, judged
+    on the stated bounds, never on the values: a refusal that depended on the data would
+    itself be an unbooked release."""
+    low, high = bounds
+    return max(math.ldexp(1.0, k), math.ulp(max(abs(low), abs(high))))
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,20 +79,30 @@ def epsilon_of(size: int, sensitivity: float, scale: float, k: int = LATTICE_EXP
     return float(_measurement(size, float(scale), k).map(float(sensitivity)))
 
 
+def laplace_event(size: int, *, sensitivity: float, scale: float, bounds: tuple[float, float],
+                  k: int = LATTICE_EXPONENT) -> LaplaceEvent:
+    """What ``laplace_mechanism`` costs on ``size`` values, known before any data is read;
+    a ``ValueError`` for parameters it would refuse (a scale below ``output_step``)."""
+    _check(sensitivity, scale, bounds, k)
+    return LaplaceEvent(1.0 / epsilon_of(size, sensitivity, scale, k))
+
+
 def laplace_mechanism(values: np.typing.ArrayLike, *, sensitivity: float, scale: float,
                       bounds: tuple[float, float], rng: np.random.Generator | None = None,
                       k: int = LATTICE_EXPONENT) -> LaplaceRelease:
     """Clamp ``values`` to ``bounds``, add discrete Laplace noise of ``scale`` on the 2^k
     lattice, and return them with their event. ``sensitivity``: the L1 sensitivity of the
-    whole (clamped) array. ``rng``: seeded noise for simulations; ``None`` is the OS CSPRNG."""
+    whole (clamped) array. ``rng``: seeded noise for simulations; ``None`` is the OS CSPRNG.
+    Parameters are checked (``laplace_event``) before any noise is drawn."""
     array = np.asarray(values, dtype=np.float64)
-    _check(array, sensitivity, scale, bounds)
+    if not np.all(np.isfinite(array)):
+        raise ValueError("values to release must be finite (NaN or ∞ found)")
+    event = laplace_event(array.size, sensitivity=sensitivity, scale=scale, bounds=bounds, k=k)
     clamped = np.clip(array, *bounds).ravel()
     if rng is None:
         noisy = np.asarray(_measurement(clamped.size, float(scale), k)(clamped.tolist()), dtype=np.float64)
     else:
         noisy = _seeded_discrete_laplace(clamped, scale, k, rng)
-    event = LaplaceEvent(1.0 / epsilon_of(clamped.size, sensitivity, scale, k))
     return LaplaceRelease(noisy.reshape(array.shape), event)
 
 

@@ -12,7 +12,7 @@ from typing import Callable, NoReturn
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
-from fedpriv.privacy.events import dpsgd_event
+from fedpriv.privacy.events import MIN_SAMPLE_RATE, dpsgd_event
 from fedpriv.privacy.ledger import LedgerError, PrivacyLedger
 
 
@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = _Parser(add_help=False)
     common.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
-    common.add_argument("--sample-rate", type=_number("sample rate", lambda q: 0 < q <= 1, "in (0, 1]"), required=True)
+    common.add_argument("--sample-rate", type=_number("sample rate", lambda q: MIN_SAMPLE_RATE <= q <= 1,
+                                                      "in [2^-33, 1] (what the Poisson samplers draw)"), required=True)
     common.add_argument("--steps", type=_steps, required=True)
     common.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
     eps = sub.add_parser("epsilon", parents=[common], help="epsilon of DP-SGD at (sigma, q, steps, delta)")

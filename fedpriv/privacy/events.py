@@ -115,8 +115,34 @@ def _check_event(event: object) -> None:
         raise EventError(f"not a privacy event: {event!r}")
 
 
+SAMPLER_BITS = 53
+"""fedpriv's Poisson samplers (``fedpriv.dpsgd.sampling``) draw a uniform k in [0, 2⁵³) per
+example and keep it iff k < ⌊q·2⁵³⌋: the rate they realise is ⌊q·2⁵³⌋/2⁵³ ≤ q, never above
+the q that is booked (ε grows with q)."""
+
+MIN_SAMPLE_RATE = 2.0**-33
+"""The smallest q a DP-SGD event may carry (about 1.2e-10, one record in 8.6e9): from it up
+the realised rate is within a relative 2⁻²⁰ of q; below it the samplers cannot draw q
+faithfully (nothing at all under 2⁻⁵³), and such a request is an error or an attack."""
+
+
+def check_sample_rate(sample_rate: float, name: str = "sample_rate",
+                      error: type[ValueError] = EventError) -> float:
+    """``sample_rate`` if the samplers draw it faithfully (``MIN_SAMPLE_RATE`` ≤ q ≤ 1), else ``error``."""
+    if not isinstance(sample_rate, (int, float)) or isinstance(sample_rate, bool) or math.isnan(sample_rate):
+        raise error(f"{name} must be a number, got {sample_rate!r}")
+    if not MIN_SAMPLE_RATE <= sample_rate <= 1:
+        raise error(f"{name} must be in [2^-33, 1] (the rates the Poisson samplers draw faithfully), got "
+                    f"{sample_rate!r}")
+    return sample_rate
+
+
 def dpsgd_event(noise_multiplier: float, sample_rate: float, steps: int) -> DpEvent:
-    """The event of ``steps`` DP-SGD steps: Poisson lots at rate q, Gaussian noise σ."""
+    """The event of ``steps`` DP-SGD steps: Poisson lots at rate q, Gaussian noise σ.
+
+    Refuses a q the samplers cannot draw (``check_sample_rate``), so that a request for one
+    is refused before it is booked."""
+    check_sample_rate(sample_rate)
     return SelfComposedEvent(PoissonSampledEvent(sample_rate, GaussianEvent(noise_multiplier)), steps)
 
 

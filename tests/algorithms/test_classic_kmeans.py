@@ -107,9 +107,7 @@ def test_at_a_large_epsilon_both_approach_non_private_kmeans_on_iris():
     assert make_accountant("basic").compose(event).epsilon(1e-5) == pytest.approx(1e4, rel=1e-6)
 
 
-@pytest.mark.parametrize("x, message", [
-    (np.array([[0.0, np.nan]]), "finite"),
-    (np.array([[np.inf, 0.0]]), "finite"),
+@pytest.mark.parametrize("x, message", [  # NaN and ±∞ are clamped: tests/algorithms/test_nonfinite_records.py
     (np.zeros((2, 3)), "shape"),
 ])
 def test_bad_records_are_clear_errors(x, message):
