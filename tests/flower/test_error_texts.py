@@ -42,7 +42,7 @@ def _what_the_server_reads(context, content, message_type) -> tuple[int | None, 
     message.metadata.__dict__["_message_id"] = "m"
     try:
         reply = app(message, context)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - as Flower's run_clientapp catches it
         return None, str(type(err)) + ":<'" + str(err) + "'>"
     assert reply.has_error()
     return reply.error.code, reply.error.reason
