@@ -164,7 +164,11 @@ class Clustering:
     share: Share
     box: kmeans.Box
     epsilon: float
-    centroids: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Lloyd(Clustering):
+    centroids: np.ndarray
 
 
 def _parse_moments(request: Request) -> tuple[Clustering, DpEvent]:
@@ -179,14 +183,13 @@ def _moments(params: Clustering, node: Node, rng: Rng) -> tuple[np.ndarray, DpEv
     return out.values, out.event
 
 
-def _parse_dplloyd(request: Request) -> tuple[Clustering, DpEvent]:
+def _parse_dplloyd(request: Request) -> tuple[Lloyd, DpEvent]:
     share = _share(request)
-    params = Clustering(share, _box(request, share), request.epsilon, _shaped(request, "centroids",
-                                                                             (None, share.features)))
+    params = Lloyd(share, _box(request, share), request.epsilon, _shaped(request, "centroids", (None, share.features)))
     return params, kmeans.release_event(len(params.centroids), params.box, params.epsilon)
 
 
-def _dplloyd(params: Clustering, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
+def _dplloyd(params: Lloyd, node: Node, rng: Rng) -> tuple[np.ndarray, DpEvent]:
     x, _ = params.share.records(node)
     out = kmeans.noisy_sums(x, params.centroids, params.box, params.epsilon, rng)
     return out.values.ravel(), out.event
