@@ -2,7 +2,9 @@
 
 Thin by design: each handler delegates to ``clients.task``. A message the node will not
 answer (no policy, over budget, already answered, malformed) gets an ``Error`` reply with
-``REFUSAL_CODE`` and the reason, and nothing is computed or released.
+``REFUSAL_CODE`` and the reason, and nothing is computed or released. Any other failure
+(after booking, or unexpected) gets ``FAILURE_CODE`` and a fixed reason; its details stay
+in the node's log.
 """
 
 import logging
@@ -12,6 +14,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import task
+from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from fedpriv.federation import protocol
 
@@ -21,16 +24,25 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 logging.getLogger("flwr").propagate = False
 
 app = ClientApp()
+log = logging.getLogger(__name__)
 
 
 def answer(handler: Callable[..., RecordDict], msg: Message, context: Context) -> Message:
     """``handler``'s reply, or a refusal saying why: ``ValueError`` covers bad input of every
     kind here (policy, settings, protocol, ledger), ``KeyError``/``TypeError`` a message
-    missing a record or holding one of the wrong type (untrusted input, never a crash)."""
+    missing a record or holding one of the wrong type (untrusted input, never a crash).
+    Handlers raise these only before booking (after it, ``clients.failures.after_booking``
+    turns every error into ``ReleaseFailed``). Any other exception leaves only as a fixed
+    text: its own could carry the node's data, and Flower would send it."""
     try:
         return Message(handler(msg, context), reply_to=msg)
+    except ReleaseFailed:
+        return Message(Error(code=protocol.FAILURE_CODE, reason=protocol.FAILED_AFTER_BOOKING), reply_to=msg)
     except (Refusal, ValueError, KeyError, TypeError) as err:
         return Message(Error(code=protocol.REFUSAL_CODE, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+    except Exception:
+        log.exception("the node failed to answer a %s message", msg.metadata.message_type)
+        return Message(Error(code=protocol.FAILURE_CODE, reason=protocol.FAILED), reply_to=msg)
 
 
 @app.query()

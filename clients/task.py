@@ -6,7 +6,8 @@ the node, the release is charged to the client in the node's durable ledger (a f
 its state folder, locked against concurrent runs) under the entry the message names, and
 a refused charge means nothing is computed. What leaves: the DP count of N (or N where the
 policy declares it public), the trained model, and, where the policy allows, a noisy
-evaluation. No loss, no exact N.
+evaluation. No loss, no exact N. A failure after booking leaves as a fixed text only
+(``clients.failures``); δ is checked against the N the node has released (``clients.delta``).
 
 The data it trains and evaluates on is read from its policy's ``data-dir`` (default the
 cache folder), never from a folder the run config names, and is never downloaded: which
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from clients.delta import check_delta
+from clients.failures import after_booking
 from clients.partition import Split
 from clients.releases import book, missing_data, noisy_evaluation, released_size, stored_size
 from fedpriv.data import DatasetNotFoundError, TensorPair, load_dataset
@@ -91,6 +94,7 @@ def describe(context: Context) -> RecordDict:
     # Refusal (the data is missing): nothing booked
     n = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
     size = released_size(policy, settings, context.node_config, cid, n)
+    check_delta(policy.effective_budget(settings).delta, size.value)  # the released N: post-processing
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
     return RecordDict({
         protocol.INFO: ConfigRecord({protocol.CLIENT_ID: cid, protocol.NUM_EXAMPLES: size.value,
@@ -120,17 +124,20 @@ def train(msg: Message, context: Context) -> RecordDict:
     num_examples = stored_size(policy, settings, context.node_config,
                                len(local_data(settings, context.node_config, policy.data_dir,
                                               partition_key=policy.partition_key).labels))
+    budget = policy.effective_budget(settings)
+    check_delta(budget.delta, num_examples)
     events = plan.round_events(num_examples)
     model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
-    ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
-    data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
-                      partition_key=policy.partition_key)  # the model's inputs
-    report = train_round(
-        model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
-        client=int(cid), round_=server_round, device=default_device(),
-        secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
-    )
-    assert report.events == events, "training spent other events than were booked"
+    ordinal = book(policy, cid, entry, events, budget)
+    with after_booking(entry):
+        data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
+                          partition_key=policy.partition_key)  # the model's inputs
+        report = train_round(
+            model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
+            client=int(cid), round_=server_round, device=default_device(),
+            secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
+        )
+        assert report.events == events, "training spent other events than were booked"
     return RecordDict({
         protocol.ARRAYS: ArrayRecord(model.cpu().state_dict()),
         protocol.PRIVACY: protocol.events_record(entry, events),
@@ -146,7 +153,7 @@ def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
 
 def evaluate(msg: Message, context: Context) -> RecordDict:
     """A noisy, booked evaluation of the received model on this node's test partition,
-    where the node's policy allows it."""
+    where the node's policy allows it (and δ fits the N it released for its training partition)."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     if not policy.allow_evaluate:
         raise protocol.ProtocolError("this node's policy does not allow evaluation (allow-evaluate = false)")
@@ -159,7 +166,11 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     model = _received_model(msg, model_name, settings.seed)
     data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name,
                       partition_key=policy.partition_key)  # Refusal first
-    ordinal = book(policy, cid, entry, events, policy.effective_budget(settings))
-    metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
+    budget = policy.effective_budget(settings)
+    train_size = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
+    check_delta(budget.delta, stored_size(policy, settings, context.node_config, train_size))
+    ordinal = book(policy, cid, entry, events, budget)
+    with after_booking(entry):
+        metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
     return RecordDict({protocol.METRICS: MetricRecord(metrics),
                        protocol.PRIVACY: protocol.events_record(entry, events)})

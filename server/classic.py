@@ -18,9 +18,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from clients.classic_app import ARRAYS, CONFIG, VALUES, entry, flat_weights, load_flat_weights
 from fedpriv.algorithms import dpdropout, dppca, iris, kmeans, linreg
 from fedpriv.federation import protocol
+from fedpriv.federation.classic_protocol import ARRAYS, CONFIG, VALUES, entry, flat_weights, load_flat_weights
 from fedpriv.models import build_model
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event

@@ -17,7 +17,11 @@ Every field a peer sends is untrusted input to the other: the readers here raise
   Reply: ``MetricRecord`` "metrics" with noisy ``count``, ``correct``, ``loss-sum`` and
   the "privacy" record.
 - A client that will not train or answer replies with an ``Error`` whose code is
-  ``REFUSAL_CODE`` (its budget, its policy) and a reason saying why.
+  ``REFUSAL_CODE`` (its budget, its policy, a malformed message) and a reason saying why,
+  decided before anything is booked from the message, the policy and the ledger alone.
+  An answer that fails otherwise (after its booking, or on an unexpected error) replies
+  ``FAILURE_CODE`` with a fixed reason (``FAILED_AFTER_BOOKING`` or ``FAILED``): an
+  error's own text could carry the node's data (e.g. the exact size of a shape).
 
 Entry keys name one release in a ledger: ``<run-key>/round-<r>/train`` (or
 ``/evaluate``). The server chooses the run key; a node never books one key twice and
@@ -55,6 +59,9 @@ MODEL = "model"
 COUNT, CORRECT, LOSS_SUM = "count", "correct", "loss-sum"
 EVALUATE_METRICS = frozenset({COUNT, CORRECT, LOSS_SUM})
 REFUSAL_CODE = 4290
+FAILURE_CODE = 5000
+FAILED_AFTER_BOOKING = "the release failed after it was booked; nothing was sent (details in the node's log)"
+FAILED = "the node failed to answer (details in its log)"
 _RUN_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 

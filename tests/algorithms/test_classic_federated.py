@@ -155,17 +155,21 @@ def test_a_noiseless_or_malformed_training_or_query_request_is_refused_and_books
     assert not booked(tmp_path / "node0") and not booked(tmp_path / "node1")
 
 
-def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_path, monkeypatch):
+def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_path, monkeypatch, caplog):
     """A kind whose noise is weaker than its booked cost (here: a release claiming half the
-    ε it booked, as a halved noise scale would) sends no values: the node's check fails closed."""
+    ε it booked, as a halved noise scale would) sends no values: the node's check fails closed,
+    with a fixed reason (the details stay in the node's log)."""
     from clients import classic_app
+    from fedpriv.federation import protocol
     from fedpriv.privacy.events import LaplaceEvent
 
     real = classic_app.RELEASES["linreg"]
-    cheated = classic_app.ReleaseKind(real.cost, lambda request, node, rng: (real.compute(request, node, rng)[0],
+    cheated = classic_app.ReleaseKind(real.parse, lambda params, node, rng: (real.compute(params, node, rng)[0],
                                                                            LaplaceEvent(0.5)))
     monkeypatch.setitem(classic_app.RELEASES, "linreg", cheated)
     grid = _grid(tmp_path, 2, budget=10.0)
-    with pytest.raises(RuntimeError, match="not the booked"):
-        federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
-    assert grid.log == []  # the node failed before making any reply
+    _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
+    assert not shares.events and len(grid.log) == 2
+    assert all(reply.has_error() and reply.error.code == protocol.FAILURE_CODE
+               and reply.error.reason == protocol.FAILED_AFTER_BOOKING for reply in grid.log)
+    assert "not the booked" in caplog.text

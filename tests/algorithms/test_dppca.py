@@ -257,7 +257,7 @@ def _federated_args(*extra: str):
 
 @pytest.mark.usefixtures("task_identity")
 def test_federated_training_books_every_round_and_meets_epsilon_per_dp_accounting(shared_data_dir, tmp_path):
-    from clients.classic_app import flat_weights
+    from fedpriv.federation.classic_protocol import flat_weights
     from server.classic import DppcaTraining, federated_dppca
     from simulations.dppca import pca_noise, training_plan
 
@@ -294,7 +294,7 @@ def test_federated_training_books_every_round_and_meets_epsilon_per_dp_accountin
 
 
 def _train_request(projection: np.ndarray, weights: np.ndarray | None = None, **overrides) -> tuple[dict, dict]:
-    from clients.classic_app import flat_weights
+    from fedpriv.federation.classic_protocol import flat_weights
     from fedpriv.models import build_model
 
     dims = projection.shape[1] if projection.ndim == 2 else 5

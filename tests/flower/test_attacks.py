@@ -202,8 +202,8 @@ def test_evaluate_is_refused_by_default_and_noisy_and_booked_when_allowed(run_co
     assert refused.has_error() and "allow-evaluate" in refused.error.reason
     assert not booked(tmp_path / "default")  # nothing booked, nothing computed
     # The label-histogram attack asks many evaluations; each is noisy and each is booked
-    context = _context(run_config, tmp_path / "allowed",
-                       **{"epsilon-budget": math.inf, "allow-evaluate": True, "evaluate-noise": 20.0})
+    context = _context(run_config, tmp_path / "allowed", **{"epsilon-budget": math.inf, "allow-evaluate": True,
+                                                           "evaluate-noise": 20.0, "public-num-examples": True})
     counts = []
     for r in range(1, 201):
         metrics = _evaluate(context, server_round=r).content.metric_records[protocol.METRICS]
@@ -258,7 +258,7 @@ def test_an_evaluation_releases_each_records_loss_clipped_whatever_the_model(run
     state["7.bias"] = torch.full_like(state["7.bias"], 1e3)
     state["9.weight"] = torch.full_like(state["9.weight"], 1e38)
     context = _context(run_config, tmp_path, **{"epsilon-budget": math.inf, "allow-evaluate": True,
-                                                "evaluate-noise": 20.0})
+                                                "evaluate-noise": 20.0, "public-num-examples": True})
     config = ConfigRecord({protocol.MODEL: "cnn", protocol.RUN_KEY: "run-a"})
     losses = []
     for r in range(1, 201):
