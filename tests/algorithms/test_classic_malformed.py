@@ -16,7 +16,7 @@ from fedpriv.algorithms.datasets import client_share, load
 from fedpriv.data import load_dataset
 from fedpriv.privacy.events import LaplaceEvent
 from server.classic import Shares, _ask
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -97,7 +97,7 @@ def test_a_malformed_classic_request_is_refused_and_books_nothing(shared_data_di
     assert accepted == 0 and len(shares.refused) == 2
     for refusal in shares.refused.values():
         assert reason in refusal and "\n" not in refusal, refusal
-    assert not (tmp_path / "node0" / "ledger.json").exists() and not (tmp_path / "node1" / "ledger.json").exists()
+    assert not booked(tmp_path / "node0") and not booked(tmp_path / "node1")
 
 
 @pytest.mark.parametrize("request_", [LINREG, MOMENTS, DPLLOYD, ANN, ANSWERS, DROPOUT],

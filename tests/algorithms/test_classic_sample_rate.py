@@ -9,7 +9,7 @@ from clients.classic_app import app
 from fedpriv.algorithms import iris
 from fedpriv.privacy.events import LaplaceEvent
 from server.classic import Shares, _ask
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -26,4 +26,4 @@ def test_a_training_request_at_an_unrepresentable_sample_rate_is_refused_before_
     shares = Shares()
     _, accepted = _ask(grid, config, {"weights": np.zeros(iris.NUM_PARAMETERS)}, 1, LaplaceEvent(1.0), shares)
     assert accepted == 0 and len(shares.refused) == 2
-    assert read == [] and not any((tmp_path / f"node{i}" / "ledger.json").exists() for i in range(2))
+    assert read == [] and not any(booked(tmp_path / f"node{i}") for i in range(2))

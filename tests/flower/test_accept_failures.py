@@ -5,8 +5,7 @@ budget is too small for one round, so it refuses every TRAIN (a failed reply).""
 
 import pytest
 
-from fedpriv.models import build_model
-from fedpriv.training import model_sha256
+from fedpriv.models import build_model, model_sha256
 from server.run import run_server
 from tests.flower.inprocess import InProcessGrid, node_config
 

@@ -12,7 +12,6 @@ from scipy import stats
 
 from clients.client_app import app
 from clients.task import local_data
-from fedpriv import training
 from fedpriv.dpsgd import train_dpsgd
 from fedpriv.dpsgd.memory import measure_step_memory
 from fedpriv.federation import protocol
@@ -22,6 +21,7 @@ from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
 from fedpriv.training import TrainingPlan, train_round
+from fedpriv.training import local as training
 from server.checks import check_train_reply, update_norm_bound
 from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import booked, initialised

@@ -13,24 +13,29 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from clients import classic_app
 from clients.client_app import app
+from clients.task import local_data
 from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import LaplaceEvent
 from fedpriv.training import TrainingPlan
 from server.classic import Shares, _ask
 from tests.conftest import SHARED_DATA
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, booked, initialised, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-N = 50  # partition 0 of 2 of the first 100 training examples
+# partition 0 of 2 of the first 100 training examples, under the default partition-key
+N = len(local_data(RunSettings.from_run_config({"limit-train": 100}), {"partition-id": 0, "num-partitions": 2},
+                   SHARED_DATA, partition_key=0).labels)
 PLAN = TrainingPlan(model="mlp", lot_size=10, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
 
 
 def _context(state, run_config=None, **policy):
-    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), "data-dir": str(SHARED_DATA),
-                   "epsilon-budget": math.inf, "allow-evaluate": True, **policy}
+    node_config = initialised({"partition-id": 0, "num-partitions": 2, "state-dir": str(state),
+                               "data-dir": str(SHARED_DATA), "epsilon-budget": math.inf, "allow-evaluate": True,
+                               **policy})
     return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
                    run_config={"limit-train": 2 * N, "limit-test": 100, **(run_config or {})})
 
@@ -109,6 +114,6 @@ def test_a_classic_node_checks_delta_against_its_share(tmp_path, caplog, delta, 
         _ask(grid, config, {"low": np.zeros(4), "high": np.full(4, 8.0)}, 9, LaplaceEvent(1.0), shares)
     if refused:
         assert len(shares.refused) == 3 and all("delta" in reason for reason in shares.refused.values())
-        assert not any((tmp_path / f"node{i}" / "ledger.json").exists() for i in range(3))
+        assert not any(booked(tmp_path / f"node{i}") for i in range(3))
     else:
         assert all(not reply.has_error() for reply in grid.log) and "exceeds 1/(10 N)" in caplog.text

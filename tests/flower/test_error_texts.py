@@ -20,7 +20,7 @@ from fedpriv.privacy.events import LaplaceEvent
 from fedpriv.training import TrainingPlan
 from server.classic import Shares, _ask
 from tests.conftest import SHARED_DATA
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, initialised, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -30,8 +30,8 @@ POLICY = {"epsilon-budget": math.inf, "allow-evaluate": True, "public-num-exampl
 
 
 def _context(state, run_config=RUN_CONFIG):
-    node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(state), "data-dir": str(SHARED_DATA),
-                   **POLICY}
+    node_config = initialised({"partition-id": 0, "num-partitions": 2, "state-dir": str(state),
+                               "data-dir": str(SHARED_DATA), **POLICY})
     return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(), run_config=dict(run_config))
 
 

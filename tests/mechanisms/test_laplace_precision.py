@@ -14,7 +14,7 @@ from fedpriv.algorithms.box import Box
 from fedpriv.mechanisms import LATTICE_EXPONENT, laplace_event, laplace_mechanism
 from fedpriv.privacy.events import LaplaceEvent
 from server.classic import Shares, _ask
-from tests.flower.inprocess import InProcessGrid, node_config
+from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 HUGE = 2.0**60  # floats near it are 2⁸ apart: noise of scale 1 cannot show
 GRAIN = math.ldexp(1.0, LATTICE_EXPONENT)
@@ -80,4 +80,4 @@ def test_a_node_refuses_a_linreg_request_whose_noise_would_round_away_before_boo
     shares = Shares()
     _, accepted = _ask(InProcessGrid({}, nodes, client_app=app), config, arrays, 1, LaplaceEvent(1.0), shares)
     assert accepted == 0 and len(shares.refused) == 2 and read == []
-    assert not any((tmp_path / f"node{i}" / "ledger.json").exists() for i in range(2))
+    assert not any(booked(tmp_path / f"node{i}") for i in range(2))
