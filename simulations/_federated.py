@@ -114,6 +114,7 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     """δ against the smallest simulated node's N (the command is its nodes' operator: it knows
     their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
     δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
+    from clients.delta import DeltaFit, delta_fit
     from clients.partition import Split
     from fedpriv.data import load_dataset
 
@@ -123,10 +124,11 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     if size == 0:
         parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
                      "(fewer clients, more data or another --partition)")
-    if settings.delta >= 1 / size:
+    fit = delta_fit(settings.delta, size)
+    if fit is DeltaFit.TOO_LARGE:
         parser.error(f"argument --delta: {settings.delta:g} is >= 1/N = {1 / size:.3g} for the smallest simulated "
                      f"node (N = {size}): a δ that large allows publishing a record outright; use δ << 1/N")
-    if settings.delta > 1 / (10 * size):
+    if fit is DeltaFit.WEAK:
         print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
               f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
 

@@ -37,7 +37,7 @@ def _context(state, run_config=None, **policy):
                                "data-dir": str(SHARED_DATA), "epsilon-budget": math.inf, "allow-evaluate": True,
                                **policy})
     return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
-                   run_config={"limit-train": 2 * N, "limit-test": 100, **(run_config or {})})
+                   run_config={"limit-train": 100, "limit-test": 100, **(run_config or {})})
 
 
 def _send(context, message_type, server_round=1):
