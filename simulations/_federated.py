@@ -272,7 +272,7 @@ def summary(results: dict[str, Any], out: Path) -> str:
     resolved = results.get("resolved") or {}
     accuracy = results.get("final_accuracy")
     target = results["settings"].get("target_epsilon")
-    files = sorted(str(path) for path in out.iterdir() if path.is_file())
+    files = sorted(path.name for path in out.iterdir() if path.is_file())
     lines = [
         f"rounds run: {len(rounds)}" + (f" (stopped: {results['stopped']})" if results["stopped"] else ""),
         f"model: {resolved.get('model')}",
@@ -282,6 +282,6 @@ def summary(results: dict[str, Any], out: Path) -> str:
         f"{epsilon_summary(results['final_epsilon'].values())}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
-        f"written: {', '.join(files)}",
+        f"written to {out}: {', '.join(files)}",
     ]
     return "\n".join(lines)
