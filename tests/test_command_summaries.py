@@ -96,3 +96,24 @@ def test_report_prints_the_json_last_or_writes_it_instead(tmp_path, capsys):
     report(["a summary"], CLASSIC, out)
     assert capsys.readouterr().out.splitlines() == ["a summary", f"written: {out}"]
     assert json.loads(out.read_text()) == CLASSIC
+
+
+def test_the_deployment_prints_accuracy_and_each_nodes_epsilon_beside_the_target(tmp_path):
+    from simulations.deployment import summary as deployment_summary
+
+    for name in ("results.json", "ledger.json", "nodes.json", "run.log"):
+        (tmp_path / name).write_text("x")
+    for folder in ("app", "certs", "nodes", "server"):
+        (tmp_path / folder).mkdir()
+    results = {"rounds": [{"round": 1}, {"round": 2}], "stopped": None, "final_accuracy": 0.931,
+               "final_epsilon": {"0": 0.9876, "1": 0.9801}}
+    nodes = {"0": {"epsilon": 0.9876, "entries": ["a", "b", "c"]}, "1": {"epsilon": 0.9801, "entries": ["a", "b"]}}
+    lines = deployment_summary(results, nodes, 1.0, tmp_path).splitlines()
+    assert lines[0] == "rounds run: 2, test accuracy: 93.10 %"
+    assert lines[1] == "node 0: ε = 0.9876 of target 1 in its own ledger (3 entries); the server's ledger: ε = 0.9876"
+    assert lines[2] == "node 1: ε = 0.9801 of target 1 in its own ledger (2 entries); the server's ledger: ε = 0.9801"
+    written = lines[3].removeprefix(f"written to {tmp_path}: ").split(";")[0].split(", ")
+    assert sorted(written) == sorted(p.name + "/" * p.is_dir() for p in tmp_path.iterdir())
+    stopped = {**results, "rounds": [], "final_accuracy": None, "stopped": "round 1: no client can afford another round"}
+    assert deployment_summary(stopped, nodes, 1.0, tmp_path).splitlines()[0] == (
+        "rounds run: 0 (stopped: round 1: no client can afford another round), test accuracy: none, no round was trained")
