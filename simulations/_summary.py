@@ -42,7 +42,7 @@ def report(lines: list[str], result: Mapping[str, Any], out: Path | None, log: P
     text = json.dumps(result)
     write_out(out, json.dumps(result, indent=2))
     if log is not None and log.exists():
-        lines = [*lines, f"Flower's and Ray's notices: {log}"]
+        lines = [*lines, f"log: {log}"]
     print("\n".join([*lines, f"written: {out}" if out is not None else text]), flush=True)
 
 
