@@ -93,11 +93,12 @@ class History:
         return dict(self.rounds[-1].epsilon) if self.rounds else {}
 
     def final_accuracy(self) -> float | None:
-        """The central test accuracy after the last round that ran, else the initial model's."""
+        """The central test accuracy after the last round that ran; None if none ran (the
+        initial model's, in ``initial``, is no result)."""
         for log in reversed(self.rounds):
             if log.test_accuracy is not None:
                 return log.test_accuracy
-        return self.initial.get("test_accuracy")
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (ε = ∞ is written as the string "inf"): the summary

@@ -48,7 +48,7 @@ from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
 from simulations._cli import federated_parser, flag_message, use_cache_dir
-from simulations._logging import quiet_console
+from simulations._logging import console
 from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
 
@@ -59,6 +59,10 @@ _KEYS = (
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures",
 )
+LOG_FILE = "run.log"
+"""In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
+OUT_FILES = ("results.json", "ledger.json", "accuracy.png", "epsilon.png", LOG_FILE)
+"""What a run writes to ``--out``."""
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
 
@@ -243,7 +247,8 @@ def simulate(
 
 
 def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse flags, simulate, add the total wall time to results.json, plot it."""
+    """Parse flags, simulate, add the total wall time to results.json, plot it. A run that
+    could train nothing (every budget in ``--state-dir`` spent) stops before Ray starts."""
     parser = build_parser(dataset)
     args = parser.parse_args(argv)
     use_cache_dir(parser, args.cache_dir)
@@ -254,7 +259,8 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
     check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
-    quiet_console()  # each log line once; no Ray accelerator tip
+    out = Path(overrides["out"])
+    check_out(parser, out, bool(settings.resume))
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
@@ -262,11 +268,15 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
         warn_seeded()  # this process's one warning; each node process prints its own
         stack.enter_context(node_policy_env(policy, state_dir, args.clients))
+        from simulations._spent import nothing_to_spend
+
+        if reason := nothing_to_spend(settings, state_dir, args.clients):
+            parser.exit(1, f"{parser.prog}: {reason}\n")
+        stack.enter_context(console(out / LOG_FILE))  # Flower's and Ray's notices in the log, not the terminal
         wall = simulate(args.clients, overrides, backend_config(args, settings))
-    out = Path(overrides["out"])
     results_path = out / "results.json"
     if not results_path.exists():
-        raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above")
+        raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above and {out / LOG_FILE}")
     results = json.loads(results_path.read_text())
     results["simulation_wall_time_s"] = wall
     results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
@@ -274,24 +284,39 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     from simulations._plots import plot_results
 
     plot_results(results, out)
-    print(_summary(results))
+    print(summary(results, out))
+    if not results["rounds"]:
+        raise SystemExit(1)  # nothing trained: not a result
     return results
 
 
-def _summary(results: dict[str, Any]) -> str:
+def check_out(parser: argparse.ArgumentParser, out: Path, resume: bool) -> None:
+    """``--out`` must not hold an earlier run's results (they would be mixed with this one's):
+    one ``parser.error`` line naming them. ``--resume`` continues into any folder."""
+    held = sorted(name for name in OUT_FILES if (out / name).exists())
+    if held and not resume:
+        parser.error(f"argument --out: {out} already holds a run's results ({', '.join(held)}): "
+                     "choose another --out, or remove them")
+
+
+def summary(results: dict[str, Any], out: Path) -> str:
+    """What a run did, in a few lines: rounds, model, the test accuracy of the trained model
+    (none without a round: the initial model is no result), each client's ε and its target,
+    times, and every file in ``out``."""
     rounds = results["rounds"]
     resolved = results.get("resolved") or {}
     accuracy = results.get("final_accuracy")
-    out = Path(results["settings"]["out"])
+    target = results["settings"].get("target_epsilon")
+    files = sorted(path.name for path in out.iterdir() if path.is_file())
     lines = [
         f"rounds run: {len(rounds)}" + (f" (stopped: {results['stopped']})" if results["stopped"] else ""),
         f"model: {resolved.get('model')}",
-        "test accuracy: " + ("n/a" if accuracy is None else f"{100 * accuracy:.2f} %")
-        + ("" if rounds else " (initial model)"),
-        f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}): "
+        "test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %"),
+        f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}"
+        + ("" if target is None else f", target {target:g}") + f"): "
         f"{epsilon_summary(results['final_epsilon'].values(), results['randomness'])}",
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
-        f"written: {out / 'results.json'}, {out / 'accuracy.png'}, {out / 'epsilon.png'}",
+        f"written to {out}: {', '.join(files)}",
     ]
     return "\n".join(lines)

@@ -25,6 +25,12 @@ from simulations._project import PROJECT_ROOT
 START_TIMEOUT_ENV = "FEDPRIV_RAY_START_TIMEOUT"
 """Seconds Ray may take to start or join (default 120)."""
 
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
+"""Ray starts its workers (the simulated nodes' actors) at nice 15 unless this says otherwise:
+on a machine busy with anything at nice 0 they then get a few percent of a core (the
+quick start's 3 nodes took 49 s to describe themselves at load 6-13). A cluster this
+program starts runs them at 0, like the ServerApp (a value already set is kept)."""
+
 WATCH_INTERVAL_S = 5.0
 WATCH_MISSES = 3
 """The cluster is dead after this many unanswered checks, WATCH_INTERVAL_S apart."""
@@ -84,6 +90,7 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     import ray
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the raylet ray.init starts
     outcome: dict[str, BaseException] = {}
     started, done = threading.Event(), threading.Event()
 

@@ -7,7 +7,10 @@ procedure; federated: trained on the training split, tested on the test split) a
 runs every algorithm but ``kmeans-input`` (local DP: nothing to federate) across K Flower
 ClientApps in Flower's simulation engine, each node with its own policy and durable
 ledger. ``diffprivlib_metric`` is diffprivlib's model of the same kind on the same split
-and ε (LinearRegression, KMeans), null where it has none or is not installed. Prints (and with ``--out`` writes) one JSON object;
+and ε (LinearRegression, KMeans), null where it has none or is not installed. Prints a
+summary (the metric beside the non-private and diffprivlib ones, each client's ε), then the
+JSON object: written to ``--out``, else printed as the last line. Across clients, Flower's
+and Ray's notices go to a log file (beside ``--out``) instead of the terminal.
 ``--sweep`` runs ε ∈ {0.1, 0.5, 1, 2, 5, 10} over several seeds and draws metric vs ε.
 Bounds are stated here, not read off the data (docs/classic.md).
 """
@@ -22,12 +25,15 @@ from typing import Any
 import numpy as np
 
 from simulations._cli import Parser, at_least, positive, write_out
+from simulations._logging import command_log
+from simulations._summary import epsilon_line, flower_console, metric_text, report
 
 ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
               "output-perturbation": "iris"}
 CLASSIFIERS = ("ann-iris", "output-perturbation")
 FEDERATED = ("linreg", "kmeans-dplloyd", "ann-iris", "output-perturbation")
 DELTA = 1e-5
+PROG = "python -m simulations.classic"
 SWEEP = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 LATTICE_SLACK = 1e-6
 """Simulated nodes get a budget of ε·(1 + 1e-6): rounding to the Laplace lattice costs
@@ -44,14 +50,15 @@ def stated_bounds(algorithm: str) -> Any:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m simulations.classic", description=__doc__.split("\n\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("algorithm", choices=sorted(ALGORITHMS))
     p.add_argument("--epsilon", type=positive, required=True, help="ε of the whole run, per record")
     p.add_argument("--clients", type=at_least(2), help=f"run across K Flower clients ({', '.join(FEDERATED)})")
     p.add_argument("--seed", type=int, default=0, help="data split, initial centroids and the noise (default: 0)")
     p.add_argument("--iterations", type=at_least(1), default=3, help="DPLloyd iterations (default: 3)")
     p.add_argument("--sweep", action="store_true", help=f"ε in {SWEEP}, 5 seeds each, and a plot (centralized)")
-    p.add_argument("--out", type=Path, help="JSON file to write (with --sweep: also a PNG beside it)")
+    p.add_argument("--out", type=Path, help="JSON file to write instead of printing it (with --sweep: also a PNG "
+                                            "beside it; with --clients: the run's log, .log)")
     return p
 
 
@@ -201,7 +208,7 @@ def federated(algorithm: str, epsilon: float, seed: int, clients: int, iteration
 
     # pure-DP (Laplace) releases compose exactly under basic composition (RDP's conversion adds a little)
     budget = epsilon * (len(y_test) if algorithm == "output-perturbation" else 1) * (1 + LATTICE_SLACK)
-    ledgers = run_on_nodes("python -m simulations.classic", server, clients, {
+    ledgers = run_on_nodes(PROG, server, clients, {
         "epsilon-budget": budget, "delta": DELTA, "randomness": "seeded", "seed": seed,
         "accountant": "rdp" if algorithm == "ann-iris" else "basic"})
     spent = {client: 0.0 if ledger is None else ledger.spent_at(client, DELTA) for client, ledger in ledgers.items()}
@@ -263,12 +270,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--clients: {args.algorithm} runs centralized only (federated: {', '.join(FEDERATED)})")
     if args.sweep and args.clients:
         parser.error("--sweep runs centralized; drop --clients")
-    result = sweep(args.algorithm, args.iterations, args.out) if args.sweep else \
-        run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
-    text = json.dumps(result, indent=2 if args.sweep else None)
-    write_out(args.out, text)
-    print(text if not args.sweep else json.dumps(result["mean"]))
+    if args.sweep:
+        result = sweep(args.algorithm, args.iterations, args.out)
+        write_out(args.out, json.dumps(result, indent=2))
+        print(json.dumps(result["mean"]))
+        return result
+    log = command_log(PROG, args.out)
+    with flower_console(bool(args.clients), log):
+        result = run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
+    report(summary_lines(result), result, args.out, log)
     return result
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The run in three lines: what ran, its metric beside the references, each client's ε."""
+    name = result["metric_name"]
+    where = f"across {result['clients']} Flower clients" if result["clients"] > 1 else "centralized"
+    source = "each node's ledger" if result["clients"] > 1 else "ledger"
+    references = ", ".join(f"{label} {metric_text(name, result[key])}" for label, key in
+                           (("non-private", "nonprivate_metric"), ("diffprivlib", "diffprivlib_metric")))
+    return [
+        f"{result['algorithm']} on {ALGORITHMS[result['algorithm']]}, ε = {result['epsilon']:g} per record, {where}",
+        f"{name.replace('_', ' ')}: {metric_text(name, result['metric'])} ({references})",
+        epsilon_line(result["client_epsilon"], DELTA, source),
+    ]
 
 
 if __name__ == "__main__":

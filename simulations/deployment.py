@@ -344,6 +344,24 @@ def check_netns() -> str | None:
     return None
 
 
+def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], target: float, out: Path) -> str:
+    """What the run did: rounds and the trained model's test accuracy (none without a round:
+    the initial model is no result), then each node's ε from its own ledger beside the target
+    and the server's count, and everything in ``out``."""
+    accuracy = results.get("final_accuracy") if results.get("rounds") else None
+    server = results.get("final_epsilon", {})
+    lines = [f"rounds run: {len(results.get('rounds', []))}"
+             + (f" (stopped: {results['stopped']})" if results.get("stopped") else "")
+             + ", test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %")]
+    lines += [f"node {client}: ε = {node['epsilon']:.4f} of target {target:g} in its own ledger "
+              f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
+              for client, node in nodes.items()]
+    entries = sorted(out.iterdir(), key=lambda path: (path.is_dir(), path.name))
+    lines.append(f"written to {out}: " + ", ".join(path.name + "/" * path.is_dir() for path in entries)
+                 + f"; each node's ledger: {out / 'nodes'}/<i>/state/ledger.json")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -394,11 +412,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     write_json_atomic(out / "nodes.json", nodes)
     results = json.loads((out / "results.json").read_text())
-    server = results.get("final_epsilon", {})
-    for client, node in nodes.items():
-        print(f"node {client}: ε = {node['epsilon']:.4f} in its own ledger ({len(node['entries'])} entries), "
-              f"server's ledger: ε = {float(server.get(client, 0.0)):.4f}; target {args.target_epsilon:g}")
-    print(f"results: {out / 'results.json'}, node ledgers: {out / 'nodes'}/<i>/state/ledger.json")
+    print(summary(results, nodes, args.target_epsilon, out))
     return {"results": results, "nodes": nodes}
 
 

@@ -3,10 +3,12 @@
 
 Trains the paper's one-hidden-layer network with ``dpd`` (Gaussian dropout, per-layer
 clipping, η0/t), ``sgld`` (the same without dropout) or ``dpsgd`` (Abadi et al.), with σ
-from a sound accountant (``--accountant``, RDP by default), and prints one JSON object:
-``dataset, method, epsilon, delta, accountant, noise_multiplier, accuracy, epochs, seconds,
-client_epsilon`` (each client's ε read from a ledger). ``--clients K`` trains across K
-Flower nodes (FedAvg of local DPD, each node booking in its own ledger). ``--table`` runs
+from a sound accountant (``--accountant``, RDP by default), and prints a summary (σ,
+accuracy, each client's ε), then one JSON object (written to ``--out``, else printed as the
+last line): ``dataset, method, epsilon, delta, accountant, noise_multiplier, accuracy, epochs,
+seconds, client_epsilon`` (each client's ε read from a ledger). ``--clients K`` trains across K
+Flower nodes (FedAvg of local DPD, each node booking in its own ledger; Flower's and Ray's
+notices go to a log file, beside ``--out``, instead of the terminal). ``--table`` runs
 Table 1's grid (ε = 10, 1, 0.5; every method; ``--seeds`` seeds) and prints Markdown beside
 the paper's numbers. ``--paper-recipe`` trains with the paper's σ instead (its analysis, not
 a guarantee; the sound ε of that σ is printed next to it). See docs/dpdropout.md.
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from simulations._cli import Parser, at_least, delta, positive, unit_interval, write_out
+from simulations._logging import command_log
+from simulations._summary import epsilon_line, flower_console, metric_text, report
 
 PROG = "python -m simulations.dpdropout"
 DATASETS = ("mnist", "digits")
@@ -59,7 +63,8 @@ def build_parser() -> Parser:
     p.add_argument("--lr", type=positive, help="initial step η0 (default: the method's)")
     p.add_argument("--dropout", type=unit_interval, help="dpd's Gaussian dropout rate p < 1 (default: the method's)")
     p.add_argument("--data-dir", help="root folder of MNIST (default: $XDG_CACHE_HOME/fedpriv or ~/.cache/fedpriv)")
-    p.add_argument("--out", type=Path, help="also write the JSON here (--table: and the Markdown beside it, .md)")
+    p.add_argument("--out", type=Path, help="write the JSON here instead of printing it (--table: and the Markdown beside "
+                                            "it, .md; --clients: the run's log, .log)")
     return p
 
 
@@ -253,18 +258,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.with_suffix(".md").write_text(text)
         return outcome
     method = args.method or "dpd"
+    log = command_log(PROG, args.out)
     try:
         if args.clients:
-            outcome = federated(args, method)
+            with flower_console(True, log):
+                outcome = federated(args, method)
         else:
             outcome = centralized(args, method, args.epsilon, args.seed,
                                   log_every=max(1, settings_for(args, method).epochs // 10))
     except ValueError as err:  # e.g. a target ε out of the accountant's reach
         parser.error(str(err))
-    text = json.dumps(outcome)
-    write_out(args.out, text)
-    print(text)
+    report(summary_lines(outcome), outcome, args.out, log)
     return outcome
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The run in three lines: what ran (σ and how it was chosen), its accuracy, each client's ε."""
+    where = f"FedAvg across {result['clients']} Flower clients" if result["clients"] > 1 else "centralized"
+    chosen = result.get("paper_recipe") or f"calibrated by {result['accountant']}"
+    return [
+        (f"{result['method']} on {result['dataset']}, {result['epochs']} epochs, {where}, ε = {result['epsilon']:g}, "
+         f"σ = {result['noise_multiplier']:.4g} ({chosen})"),
+        f"test accuracy: {metric_text('accuracy', result['accuracy'])}",
+        epsilon_line(result["client_epsilon"], result["delta"],
+                     f"each node's ledger, {result['accountant']}" if result["clients"] > 1 else result["accountant"]),
+    ]
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ each node books its release in its durable ledger and sends its noisy matrix, th
 them and builds the projection; then ``--epochs`` rounds of FedAvg, in each of which every
 node runs one local epoch of DP-SGD on its projected share (at the centralized run's rate q,
 so σ is the same), booking the round in its ledger first. Each client's ε is read from its
-node's ledger. Prints (and writes to ``--out``) one JSON object.
+node's ledger. Prints a summary (accuracy, ε of the PCA and of the whole run, each client's ε),
+then the JSON object: written to ``--out``, else printed as the last line. With ``--clients``,
+Flower's and Ray's notices go to a log file (beside ``--out``) instead of the terminal.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import Parser, at_least, delta, positive, probability, report_json
+from simulations._cli import Parser, at_least, delta, positive, probability
+from simulations._logging import command_log
+from simulations._summary import epsilon_line, flower_console, metric_text, report
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +62,8 @@ def build_parser() -> Parser:
                                      "node's policy data-dir (default: ~/.cache/fedpriv)")
     p.add_argument("--download", action="store_true", help="download MNIST if it is missing")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples")
-    p.add_argument("--out", type=Path, help="also write the JSON result to this file")
+    p.add_argument("--out", type=Path, help="write the JSON result to this file instead of printing it "
+                                            "(with --clients: the run's log beside it, .log)")
     return p
 
 
@@ -239,7 +244,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pca_noise(args)
     except (DatasetNotFoundError, ValueError) as err:
         parser.error(str(err))
-    return report_json(parser, args.out, lambda: run(args))  # e.g. a budget the PCA alone exhausts
+    log = command_log(PROG, args.out)
+    try:
+        with flower_console(bool(args.clients), log):
+            result = run(args)
+    except (DatasetNotFoundError, ValueError) as err:  # e.g. a budget the PCA alone exhausts
+        parser.error(str(err))
+    report(summary_lines(result), result, args.out, log)
+    return result
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The run in three lines: what ran, its accuracy, the ε it spent."""
+    where = f"FedAvg across {result['clients']} Flower clients" if result["training"] == "fedavg" else "centralized"
+    return [
+        (f"DP-PCA to {result['dims']} dimensions + MLP on MNIST, {result['epochs']} epochs, {where}, "
+         f"ε = {result['epsilon']:g} (the PCA's {result['pca_epsilon']:.4f})"),
+        f"test accuracy: {metric_text('accuracy', result['accuracy'])}",
+        epsilon_line(result["client_epsilon"], result["delta"],
+                     "each node's ledger" if result["training"] == "fedavg" else "ledger"),
+    ]
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def test_help_shows_the_run_defaults_of_pyproject() -> None:
                    f"(default: {defaults['delta']})",
                    f"fraction of clients sampled per round (default: {defaults['fraction-train']})",
                    f"(default: {defaults['partition']})",
-                   "simulated SuperNodes (default: 10)", "output folder (default: runs/mnist)",
+                   "simulated SuperNodes (default: 10)",
+                   "output folder; one holding a run's results is refused unless --resume (default: runs/mnist)",
                    "--cache-dir DIR cache of data-independent features (default: $FEDPRIV_CACHE_DIR or "
                    "~/.cache/fedpriv; 'off' disables it)"):
         assert phrase in text

@@ -1,9 +1,11 @@
 """``python -m simulations.classic``: the JSON the issue asks for, with each client's ε read
-from a ledger, centralized and across Flower clients."""
+from a ledger, centralized and across Flower clients; the summary printed before it, and
+(across clients) no notice or colour code of Flower's or Ray's on the terminal."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +16,22 @@ KEYS = {"algorithm", "epsilon", "clients", "metric_name", "metric", "nonprivate_
 
 
 def _run(*argv: str) -> dict:
+    """The JSON of a run: from ``--out`` where given (stdout's last line names it), else stdout's last line."""
     done = subprocess.run([sys.executable, "-m", "simulations.classic", *argv], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    last = done.stdout.strip().splitlines()[-1]
+    if "--out" in argv:
+        out = argv[argv.index("--out") + 1]
+        assert last == f"written: {out}"
+        return json.loads(Path(out).read_text())
+    result = json.loads(last)
+    shown = done.stdout + done.stderr
+    assert f"ε = {result['epsilon']:g} per record" in shown  # the summary, before the JSON
+    assert "\x1b[" not in shown  # pipes are no terminal: no colour codes
+    for notice in ("DEPRECATED FEATURE", "Manually terminating", "In future versions of Ray"):
+        assert notice not in shown
+    return result
 
 
 @pytest.mark.parametrize("algorithm, name, spent", [

@@ -121,9 +121,10 @@ def test_the_default_model_and_calibrated_sigma_are_resolved_while_the_settings_
     assert epsilon_of(ComposedEvent(events), 1e-5) <= 2.0
 
 
-def test_final_accuracy_is_the_initial_one_when_no_round_ran():
+def test_final_accuracy_is_none_when_no_round_ran():
     history = History(settings={}, initial={"test_accuracy": 0.1, "test_loss": 2.3})
-    assert history.to_json()["final_accuracy"] == 0.1
+    assert history.to_json()["final_accuracy"] is None  # the initial model's accuracy is no result
+    assert history.to_json()["initial"]["test_accuracy"] == 0.1
     history.rounds.append(RoundLog(1, ["0"], test_accuracy=0.8))
     data = history.to_json()
     assert data["final_accuracy"] == 0.8

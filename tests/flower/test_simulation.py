@@ -1,9 +1,10 @@
 """End to end through Flower's Ray simulation engine: two runs on one state dir (the
-second finds every budget spent), and the single-client run against
-``simulations.centralized``."""
+second finds every budget spent and stops before Ray starts), what the first printed, and
+the single-client run against ``simulations.centralized``."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,34 +38,43 @@ def _finish(process, timeout=300):
     return stdout
 
 
+def _command(state, out, data_dir, seed):
+    return ["simulations.mnist", "--clients", str(CLIENTS), "--rounds", str(ROUNDS), "--target-epsilon", str(TARGET),
+            "--limit-train", "600", "--limit-test", "1000", "--data-dir", str(data_dir), "--state-dir", str(state),
+            "--out", str(out), "--seed", seed]
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, shared_data_dir):
-    """The issue's command twice on one state dir, the second time with another seed."""
+    """The issue's command twice on one state dir, the second time with another seed: the
+    first run's (results, stdout, stderr); the second's (exit status, stdout, stderr)."""
     root = tmp_path_factory.mktemp("sim")
     state = root / "state"
-    outputs = []
-    for i, seed in enumerate(("0", "1")):
-        out = root / f"out{i}"
-        stdout = _finish(_start(["simulations.mnist", "--clients", str(CLIENTS), "--rounds", str(ROUNDS),
-                                 "--target-epsilon", str(TARGET), "--limit-train", "600", "--limit-test", "1000",
-                                 "--data-dir", str(shared_data_dir), "--state-dir", str(state), "--out", str(out),
-                                 "--seed", seed]))
-        outputs.append((json.loads((out / "results.json").read_text()), stdout))
-        if i == 0:
-            ledgers = sorted(state.rglob("ledger.json"))
-            first_ledgers = {path: path.read_bytes() for path in ledgers}
-    return state, outputs, first_ledgers
+    first = _start(_command(state, root / "out0", shared_data_dir, "0"))
+    try:
+        stdout, stderr = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    results = json.loads((root / "out0" / "results.json").read_text())
+    first_ledgers = {path: path.read_bytes() for path in sorted(state.rglob("ledger.json"))}
+    second = _start(_command(state, root / "out1", shared_data_dir, "1"))
+    try:
+        out, err = second.communicate(timeout=300)
+    finally:
+        second.kill()
+    return state, ((results, stdout, stderr), (second.returncode, out, err)), first_ledgers
 
 
 def test_learns_above_chance(two_runs):
-    _, ((results, _), _), _ = two_runs
+    _, ((results, _, _), _), _ = two_runs
     assert [r["round"] for r in results["rounds"]] == [1, 2] and results["stopped"] is None
     assert results["rounds"][-1]["test_accuracy"] > 0.2  # chance is 0.1
     assert len(results["model_sha256"]) == 64 and results["wall_time_s"] > 0
 
 
 def test_ledgers_match_an_independent_computation(two_runs):
-    state, ((results, _), _), _ = two_runs
+    state, ((results, _, _), _), _ = two_runs
     server = PrivacyLedger.load(state / "ledger.json")
     for client in map(str, range(CLIENTS)):
         sigma = results["clients"][client]["noise-multiplier"]
@@ -80,11 +90,30 @@ def test_ledgers_match_an_independent_computation(two_runs):
         assert float(results["final_epsilon"][client]) == pytest.approx(server.spent(client), rel=1e-12)
 
 
-def test_a_second_run_on_spent_budgets_trains_nothing_and_changes_no_ledger(two_runs):
-    state, (_, (results, stdout)), first_ledgers = two_runs
-    assert results["rounds"] == [] and "no client can afford" in results["stopped"]
-    assert "rounds run: 0" in stdout
+def test_a_second_run_on_spent_budgets_stops_before_ray_and_changes_no_ledger(two_runs):
+    state, (_, (code, stdout, stderr)), first_ledgers = two_runs
+    lines = stderr.strip().splitlines()
+    assert code == 1 and stdout == "" and len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("python -m simulations.mnist: nothing left to spend: ")
+    assert "server's ledger" in lines[0] and "--epsilon-budget" in lines[0] and str(state) in lines[0]
+    assert "Ray" not in stderr  # its start says "Started a local Ray instance"
+    assert not (state.parent / "out1").exists()  # no result, so not the initial model's accuracy either
     assert {path: path.read_bytes() for path in first_ledgers} == first_ledgers
+
+
+def test_the_first_run_says_what_it_wrote_and_hides_notices(two_runs):
+    state, ((results, stdout, stderr), _), _ = two_runs
+    out = state.parent / "out0"
+    written = re.search(r"^written to (.+): (.+)$", stdout, re.MULTILINE)
+    assert written and written.group(1) == str(out)
+    assert sorted(written.group(2).split(", ")) == sorted(p.name for p in out.iterdir())  # ledger.json too
+    assert {"results.json", "ledger.json", "accuracy.png", "epsilon.png", "run.log"} <= set(os.listdir(out))
+    assert f"test accuracy: {100 * results['final_accuracy']:.2f} %" in stdout
+    assert f"target {TARGET:g})" in stdout
+    assert "\x1b[" not in stdout + stderr  # a pipe is no terminal: no colour codes
+    for notice in ("DEPRECATED FEATURE", "Manually terminating", "In future versions of Ray"):
+        assert notice not in stdout + stderr
+    assert "Discovery: " in (out / "run.log").read_text()  # Flower's records are in the log file too
 
 
 def _dp_accounting(sigma, q, steps):
