@@ -206,8 +206,8 @@ def simulate(
     own loop, O(nodes × messages) per sweep: for measuring it)."""
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
-    from flwr.simulation.run_simulation import _run_simulation
     from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity

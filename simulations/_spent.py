@@ -47,7 +47,7 @@ def nothing_to_spend(settings: RunSettings, state_dir: Path, clients: int) -> st
     server_path = state_dir / "ledger.json"
     configs = [{"partition-id": i, "num-partitions": clients} for i in range(clients)]
     policies = [load_policy(config) for config in configs]
-    if settings.resume or (not server_path.exists() and not any(p.ledger_path.exists() for p in policies)):
+    if settings.resume or not any(_holds_entries(path) for path in (server_path, *(p.ledger_path for p in policies))):
         return None
     if not all(p.public_num_examples for p in policies):
         return None
@@ -75,8 +75,9 @@ def round_events(settings: RunSettings, policies: list[NodePolicy], configs: lis
     from server.assign import Assigner
     from server.discovery import ClientInfo
 
-    infos = {i: ClientInfo(str(i), len(local_data(settings, config, policy.data_dir).labels))
-             for i, (policy, config) in enumerate(zip(policies, configs))}
+    infos = {i: ClientInfo(str(i), len(local_data(settings, config, policy.data_dir,
+                                                  partition_key=policy.partition_key).labels))
+             for i, (policy, config) in enumerate(zip(policies, configs, strict=True))}
     return {a.client_id: a.events for a in Assigner(settings, infos)(infos).values()}
 
 
@@ -101,3 +102,9 @@ def explain(where: str, shortfalls: list[Shortfall], flag: str) -> str:
     return (f"nothing left to spend: every client's ε budget {where} is spent (client {first.client} in "
             f"{first.path}: ε = {first.spent:.4f} of {first.budget.epsilon:g} at δ = {first.budget.delta:g}, one "
             f"more round would take it to {first.after:.4f}); raise the budget with {flag}, or use a new --state-dir")
+
+
+def _holds_entries(path: Path) -> bool:
+    """Has anything been booked in the ledger at ``path`` (a fresh node's initialised ledger
+    holds none)?"""
+    return path.exists() and bool(PrivacyLedger.load(path).clients())

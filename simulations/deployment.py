@@ -157,8 +157,8 @@ class Deployment:
         ``data_dir``), its ledger where never initialised, and pin shim."""
         from clients.pinned import write_shim
         from fedpriv.certificates import write_node_key, write_tls
-        from fedpriv.files import write_bytes_atomic
         from fedpriv.federation.policy import policy_file_text
+        from fedpriv.files import write_bytes_atomic
         from fedpriv.node import init_nodes
 
         certs = self.out / "certs"
