@@ -40,6 +40,7 @@ from fedpriv.federation.classic_protocol import ARRAYS, CONFIG, VALUES, Request,
 from fedpriv.federation.policy import Randomness
 from fedpriv.models import build_model
 from fedpriv.node import checked_policy
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 from fedpriv.seeding import derive_seed
 
@@ -412,21 +413,20 @@ def release(msg: Message, context: Context) -> RecordDict:
     policy = checked_policy(context.node_config)
     node = Node(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]), policy.data_dir)
     request = Request(msg.content.config_records[CONFIG], msg.content.array_records[ARRAYS])
-    key = request.entry
     kind, params, event = parse(request)
+    charge = Charge(request.entry, (event,))
     check_delta(policy.delta, params.share.size(node))  # the share's size is public: no record read
     if kind.ready is not None:
         kind.ready(node)
-    ordinal = book(policy, str(node.client), key, (event,), policy.budget)  # before the data is read
+    ordinal = book(policy, str(node.client), charge, policy.budget)  # before the data is read
     # seeded (simulations): a stream per node and per entry, so two nodes given one seed never draw the same noise
     rng = (None if policy.randomness is Randomness.SECURE
            else np.random.default_rng(derive_seed(policy.seed or 0, "release", node.client, ordinal)))
-    with after_booking(key):
+    with after_booking(charge.entry):
         values, spent = kind.compute(params, node, rng)
-        if spent != event:  # a bug of the kind, not bad input: nothing leaves (and no assert that -O would strip)
-            raise RuntimeError(f"the release spent {spent}, not the booked {event}")
+        charge.require_same((spent,), "the release")  # a bug of the kind, not bad input: nothing leaves
     return RecordDict({VALUES: ArrayRecord({VALUES: Array(np.asarray(values, float))}),
-                       protocol.PRIVACY: protocol.events_record(key, (event,))})
+                       protocol.PRIVACY: protocol.charge_record(charge)})
 
 
 @app.query()

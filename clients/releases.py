@@ -28,7 +28,8 @@ from fedpriv.dpsgd.noise import secure_normal
 from fedpriv.federation.policy import LOSS_CLIP, NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_json_atomic
-from fedpriv.privacy import Budget, LedgerError
+from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, event_from_dict, event_to_dict
 from fedpriv.privacy.store import LedgerStore
 from fedpriv.seeding import generator
@@ -68,20 +69,22 @@ def node_noise(policy: NodePolicy, size: int, std: float, *path: int | str) -> t
     return torch.randn(size, dtype=torch.float64, generator=gen) * std
 
 
-def book(policy: NodePolicy, client: str, entry: str, events: tuple[DpEvent, ...], budget: Budget) -> int:
-    """Charge ``events`` to ``client`` under ``entry`` in the node's durable ledger, or raise
-    ``Refusal`` (entry already booked, or over ``budget``). Returns how many entries the
-    client had before: an ordinal that never repeats."""
+def book(policy: NodePolicy, client: str, charge: Charge, budget: Budget) -> int:
+    """Book ``charge`` for ``client`` in the node's durable ledger, or raise ``Refusal``
+    (entry already booked, or over ``budget``: one accountant composition decides). Returns
+    how many entries the client had before: an ordinal that never repeats."""
+    entry = charge.entry
     with LedgerStore(policy.ledger_path).transaction(policy.budget, policy.accountant) as ledger:
         if ledger.ledger_id is None:  # gone since the handler's check_ledger, or never initialised
             raise Refusal("this node's ledger is not initialised or is gone: it books nothing")
         if ledger.has_entry(client, entry):
             raise Refusal(f"client {client} already ran {entry}; a node never answers one entry twice")
-        if not ledger.can_afford(client, events, budget=budget):
-            raise Refusal(f"client {client} refuses {entry}: it would exceed its budget ε = {budget.epsilon:g} "
-                          f"at δ = {budget.delta:g} (spent ε = {ledger.spent_at(client, budget.delta):.4f})")
         ordinal = len(ledger.entries(client))
-        ledger.record(client, entry, events, budget=budget)
+        try:
+            ledger.record(client, entry, charge.events, budget=budget)
+        except BudgetExceededError as err:
+            raise Refusal(f"client {client} refuses {entry}: it would exceed its budget ε = {budget.epsilon:g} "
+                          f"at δ = {budget.delta:g} (spent ε = {ledger.spent_at(client, budget.delta):.4f})") from err
     return ordinal
 
 
@@ -96,7 +99,7 @@ def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mappin
     if stored is None:
         events = (policy.num_examples_event(),)
         entry = f"release/num-examples/{key}/{secrets.token_hex(4)}"  # one entry per draw
-        ordinal = book(policy, client, entry, events, policy.effective_budget(settings))
+        ordinal = book(policy, client, Charge(entry, events), policy.effective_budget(settings))
         noise = float(node_noise(policy, 1, policy.num_examples_noise, "num-examples", key, ordinal)[0])
         stored = {"value": max(1, round(num_examples + noise)), "entry": entry,
                   "events": [event_to_dict(e) for e in events]}

@@ -36,8 +36,9 @@ from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model, model_inputs
 from fedpriv.node import checked_policy
+from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import seeded_training_seed
-from fedpriv.training import default_device, train_round
+from fedpriv.training import default_device, round_spend, train_round
 
 
 @functools.lru_cache(maxsize=4)
@@ -120,16 +121,14 @@ def train(msg: Message, context: Context) -> RecordDict:
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
-    entry = protocol.train_entry(run_key, server_round)
-    num_examples = stored_size(policy, settings, context.node_config,
-                               len(local_data(settings, context.node_config, policy.data_dir,
-                                              partition_key=policy.partition_key).labels))
+    num_examples = stored_size(policy, settings, context.node_config, _train_size(settings, context, policy))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
-    events = plan.round_events(num_examples)
+    charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
+    charge.require_same(round_spend(plan, num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
     model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
-    ordinal = book(policy, cid, entry, events, budget)
-    with after_booking(entry):
+    ordinal = book(policy, cid, charge, budget)
+    with after_booking(charge.entry):
         data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
                           partition_key=policy.partition_key)  # the model's inputs
         report = train_round(
@@ -137,11 +136,16 @@ def train(msg: Message, context: Context) -> RecordDict:
             client=int(cid), round_=server_round, device=default_device(),
             secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
         )
-        assert report.events == events, "training spent other events than were booked"
+        charge.require_same(report.events, "this training")  # a bug, not input: nothing is sent
     return RecordDict({
         protocol.ARRAYS: ArrayRecord(model.cpu().state_dict()),
-        protocol.PRIVACY: protocol.events_record(entry, events),
+        protocol.PRIVACY: protocol.charge_record(charge),
     })
+
+
+def _train_size(settings: RunSettings, context: Context, policy: NodePolicy) -> int:
+    """N of this node's training partition (its exact, private size)."""
+    return len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
 
 
 def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
@@ -160,17 +164,14 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
     run_key, server_round = protocol.read_round(config)
-    entry = protocol.evaluate_entry(run_key, server_round)
-    events = (policy.evaluate_event(),)
+    charge = Charge(protocol.evaluate_entry(run_key, server_round), (policy.evaluate_event(),))
     model_name = str(config[protocol.MODEL])
     model = _received_model(msg, model_name, settings.seed)
     data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name,
                       partition_key=policy.partition_key)  # Refusal first
     budget = policy.effective_budget(settings)
-    train_size = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
-    check_delta(budget.delta, stored_size(policy, settings, context.node_config, train_size))
-    ordinal = book(policy, cid, entry, events, budget)
-    with after_booking(entry):
+    check_delta(budget.delta, stored_size(policy, settings, context.node_config, _train_size(settings, context, policy)))
+    ordinal = book(policy, cid, charge, budget)
+    with after_booking(charge.entry):
         metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
-    return RecordDict({protocol.METRICS: MetricRecord(metrics),
-                       protocol.PRIVACY: protocol.events_record(entry, events)})
+    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.PRIVACY: protocol.charge_record(charge)})

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan, calibrate_plan, default_plan
 from server.discovery import ClientInfo
@@ -31,15 +32,28 @@ SIZE_CAP = 4.0
 
 @dataclass(frozen=True)
 class Assignment:
-    """What one client is told to run each round, what that costs, and its FedAvg weight."""
+    """What one client is told to run each round, what that costs, and its FedAvg weight.
+    The plan is the one source: the config sent and the events booked are read off it."""
 
     client_id: str
     num_examples: int
-    config: Mapping[str, object]
-    events: tuple[DpEvent, ...]
-    weight: float
     plan: TrainingPlan
+    weight: float
     evaluate_events: tuple[DpEvent, ...] = ()
+
+    @property
+    def config(self) -> Mapping[str, object]:
+        """The plan as the TRAIN message carries it."""
+        return protocol.plan_config(self.plan)
+
+    @property
+    def events(self) -> tuple[DpEvent, ...]:
+        """What one round costs the client (its released N): booked when the round is sent."""
+        return self.plan.round_events(self.num_examples)
+
+    def charge(self, entry: str, evaluate: bool = False) -> Charge:
+        """What ``entry`` (a training round, or an evaluation) costs the client."""
+        return Charge(entry, self.evaluate_events if evaluate else self.events)
 
 
 def base_plan(settings: RunSettings) -> TrainingPlan:
@@ -73,27 +87,25 @@ class Assigner:
             plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
         self.settings = settings
         self.plan = plan
-        self._plans: dict[tuple[float, tuple[DpEvent, ...]], TrainingPlan] = {}
+        self._calibrations: dict[tuple[float, tuple[DpEvent, ...]], TrainingPlan] = {}
 
     def __call__(self, clients: Mapping[int, ClientInfo]) -> dict[int, Assignment]:
         nodes = {}
         for node, info in clients.items():
-            plan = self._plan(info)
             nodes[node] = Assignment(
-                client_id=info.client_id, num_examples=info.num_examples,
-                config=protocol.plan_config(plan), events=plan.round_events(info.num_examples),
-                weight=float(min(info.num_examples, self.cap)), plan=plan,
-                evaluate_events=info.evaluate_events,
+                client_id=info.client_id, num_examples=info.num_examples, plan=self._calibrated(info),
+                weight=float(min(info.num_examples, self.cap)), evaluate_events=info.evaluate_events,
             )
         return nodes
 
-    def _plan(self, info: ClientInfo) -> TrainingPlan:
+    def _calibrated(self, info: ClientInfo) -> TrainingPlan:
+        """The run's plan with σ calibrated for this client's q and earlier releases (cached)."""
         q = self.plan.sample_rate(info.num_examples)
         prior = tuple(e for events in info.releases.values() for e in events)
-        if (q, prior) not in self._plans:
+        if (q, prior) not in self._calibrations:
             target = self.settings.target_epsilon
-            self._plans[q, prior] = self.plan if target is None else calibrate_plan(
+            self._calibrations[q, prior] = self.plan if target is None else calibrate_plan(
                 self.plan, target, self.settings.delta, info.num_examples, rounds=self.settings.rounds,
                 prior_events=prior,
             )
-        return self._plans[q, prior]
+        return self._calibrations[q, prior]

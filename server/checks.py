@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 
 from fedpriv.federation import protocol
-from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.charge import Charge
 from fedpriv.training import OptimizerKind, TrainingPlan
 
 NOISE_NORM_SLACK = 10.0
@@ -58,9 +58,7 @@ def update_norm_bound(plan: TrainingPlan, num_examples: int, num_params: int) ->
     return steps * plan.lr * gradient / (1 - plan.momentum)
 
 
-def check_train_reply(
-    reply: Message, entry: str, events: tuple[DpEvent, ...], global_arrays: ArrayRecord, max_norm: float
-) -> str | None:
+def check_train_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord, max_norm: float) -> str | None:
     """Why a TRAIN reply's content cannot be aggregated, or ``None`` when it can."""
     content = reply.content
     if set(content.keys()) != {protocol.ARRAYS, protocol.PRIVACY}:
@@ -69,11 +67,11 @@ def check_train_reply(
     if protocol.PRIVACY not in content.config_records or protocol.ARRAYS not in content.array_records:
         return "records of the wrong kind"
     try:
-        reported_entry, reported = protocol.read_events(content.config_records[protocol.PRIVACY])
+        reported = protocol.read_charge(content.config_records[protocol.PRIVACY])
     except protocol.ProtocolError as err:
         return f"unreadable privacy record: {err}"
-    if reported_entry != entry or reported != events:
-        return f"reported {reported_entry!r} {reported} differs from the booked {entry!r} {events}"
+    if reported != charge:
+        return f"reported {reported} differs from the booked {charge}"
     arrays = content.array_records[protocol.ARRAYS]
     if array_spec(arrays) != array_spec(global_arrays):
         return "arrays do not match the global model's names, shapes and dtypes"
@@ -88,17 +86,17 @@ def check_train_reply(
     return None
 
 
-def check_evaluate_reply(reply: Message, entry: str, events: tuple[DpEvent, ...]) -> str | None:
+def check_evaluate_reply(reply: Message, charge: Charge) -> str | None:
     """Why an EVALUATE reply cannot be used, or ``None`` when it can."""
     content = reply.content
     if set(content.keys()) != {protocol.METRICS, protocol.PRIVACY} or protocol.METRICS not in content.metric_records:
         return f"expected exactly the records {protocol.METRICS!r} and {protocol.PRIVACY!r}"
     try:
-        reported_entry, reported = protocol.read_events(content.config_records[protocol.PRIVACY])
+        reported = protocol.read_charge(content.config_records[protocol.PRIVACY])
     except (KeyError, protocol.ProtocolError) as err:
         return f"unreadable privacy record: {err}"
-    if reported_entry != entry or reported != events:
-        return f"reported {reported_entry!r} {reported} differs from the booked {entry!r} {events}"
+    if reported != charge:
+        return f"reported {reported} differs from the booked {charge}"
     metrics = content.metric_records[protocol.METRICS]
     if set(metrics.keys()) != protocol.EVALUATE_METRICS:
         return f"metrics must be exactly {sorted(protocol.EVALUATE_METRICS)}"

@@ -23,6 +23,7 @@ from fedpriv.federation import protocol
 from fedpriv.federation.classic_protocol import ARRAYS, CONFIG, VALUES, entry, flat_weights, load_flat_weights
 from fedpriv.models import build_model
 from fedpriv.privacy import calibrate_noise_multiplier
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent, dpsgd_event
 from fedpriv.training import cosine_lr
 from server.exchange import send_and_receive
@@ -52,11 +53,11 @@ def _ask(grid: Grid, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
             continue
         try:
             values = reply.content.array_records[VALUES][VALUES].numpy().astype(float)
-            booked_entry, events = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
+            charge = protocol.read_charge(reply.content.config_records[protocol.PRIVACY])
         except (KeyError, TypeError, ValueError) as err:
             shares.refused[node] = f"malformed reply: {err}"
             continue
-        if values.shape != (size,) or not np.all(np.isfinite(values)) or booked_entry != key or events != (expected,):
+        if values.shape != (size,) or not np.all(np.isfinite(values)) or charge != Charge(key, (expected,)):
             shares.refused[node] = "reply does not match the request (shape, finiteness, entry or events)"
             log(WARNING, "Dropped the share of node %s: %s", node, shares.refused[node])
             continue

@@ -137,9 +137,9 @@ class BudgetedFedAvg(FedAvg):
             booked = []
             for node in sorted(rng.sample(eligible, size), key=lambda n: self.nodes[n].client_id):
                 assignment = self.nodes[node]
+                charge = assignment.charge(entry, evaluate)
                 try:
-                    ledger.record(assignment.client_id, entry,
-                                  assignment.evaluate_events if evaluate else assignment.events)
+                    ledger.record(assignment.client_id, charge.entry, charge.events)
                 except LedgerError as err:  # a resumed round booked with other events
                     log(WARNING, "Client %s not sent %s: %s", assignment.client_id, entry, err)
                     continue
@@ -246,7 +246,7 @@ class BudgetedFedAvg(FedAvg):
         for sent, reply in self._answers(replies, round_log):
             a = sent.assignment
             bound = update_norm_bound(a.plan, a.num_examples, num_params)
-            problem = check_train_reply(reply, entry, a.events, self._global, bound)
+            problem = check_train_reply(reply, a.charge(entry), self._global, bound)
             if problem:
                 round_log.rejected[a.client_id] = problem
                 log(WARNING, "Rejected update of client %s: %s", a.client_id, problem)
@@ -276,7 +276,7 @@ class BudgetedFedAvg(FedAvg):
         sums = {protocol.COUNT: 0.0, protocol.CORRECT: 0.0, protocol.LOSS_SUM: 0.0}
         scratch = RoundLog(server_round, [])
         for sent, reply in self._answers(replies, scratch):
-            problem = check_evaluate_reply(reply, entry, sent.assignment.evaluate_events)
+            problem = check_evaluate_reply(reply, sent.assignment.charge(entry, evaluate=True))
             if problem:
                 scratch.rejected[sent.assignment.client_id] = problem
                 continue

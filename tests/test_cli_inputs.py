@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from fedpriv.data import DatasetNotFoundError, check_available
-from tests.cifar_files import write_cifar10
 from simulations._cli import (
     CACHE_ENV,
     at_least,
@@ -31,6 +30,7 @@ from simulations._cli import (
     run_config_defaults,
     use_cache_dir,
 )
+from tests.cifar_files import write_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
 # Generous bounds: Ray alone takes 15 s to start here. A flag refused by its argparse type

@@ -25,7 +25,7 @@ def _results(rounds: list[dict], final_accuracy: float | None, target: float | N
             "resolved": {"model": "scatter_linear", "accountant": "rdp", "delta": 1e-5},
             "settings": {"target_epsilon": target}, "final_accuracy": final_accuracy,
             "initial": {"test_accuracy": 0.1293}, "final_epsilon": {"0": 1.9892, "1": 1.9892, "2": 1.9892},
-            "wall_time_s": 48.0, "simulation_wall_time_s": 55.1, "model_sha256": "ab" * 32}
+            "wall_time_s": 48.0, "simulation_wall_time_s": 55.1, "model_sha256": "ab" * 32, "randomness": "seeded"}
 
 
 def test_the_summary_gives_the_trained_accuracy_the_target_and_every_file(tmp_path):
@@ -33,7 +33,8 @@ def test_the_summary_gives_the_trained_accuracy_the_target_and_every_file(tmp_pa
         (tmp_path / name).write_text("x")
     lines = summary(_results([{"round": 1}], 0.9607), tmp_path).splitlines()
     assert "test accuracy: 96.07 %" in lines
-    assert "ε per client (rdp, δ = 1e-05, target 2): 3 clients, min 1.9892, median 1.9892, max 1.9892" in lines
+    assert ("ε per client (rdp, δ = 1e-05, target 2): 3 clients, min 1.9892, median 1.9892, max 1.9892"
+            " (node randomness: seeded)") in lines
     written = lines[-1].removeprefix(f"written to {tmp_path}: ").split(", ")
     assert sorted(written) == sorted(os.listdir(tmp_path))
 

@@ -31,7 +31,6 @@ from fedpriv.algorithms.box import Box
 from fedpriv.mechanisms import LaplaceRelease, laplace_event, laplace_mechanism
 from fedpriv.privacy.events import ComposedEvent, DpEvent, SelfComposedEvent
 
-
 SUM_BOUND = 1e12
 """Clamping bound of a released sum (each record adds at most 1 + Σ r_j to it)."""
 

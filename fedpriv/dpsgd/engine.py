@@ -107,8 +107,13 @@ def train_dpsgd(
                 apply_gradients(params, grads, optimizer)
             examples_seen += lot.numel()
     mean_loss = loss_total.item() / examples_seen if examples_seen else float("nan")
-    event = dpsgd_event(config.noise_multiplier, config.sample_rate, steps)
-    return TrainReport(events=(event,), steps=steps, num_examples=num_examples, mean_loss=mean_loss)
+    return TrainReport(events=spent_events(config, steps), steps=steps, num_examples=num_examples, mean_loss=mean_loss)
+
+
+def spent_events(config: DPSGDConfig, steps: int) -> tuple[DpEvent, ...]:
+    """What ``train_dpsgd`` spends for ``steps`` steps under ``config``: known before it runs,
+    so a caller can check a charge against it before booking."""
+    return (dpsgd_event(config.noise_multiplier, config.sample_rate, steps),)
 
 
 def resolve_grad_sample_mode(model: nn.Module, config: DPSGDConfig) -> GradSampleMode:

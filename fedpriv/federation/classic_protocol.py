@@ -6,7 +6,7 @@ training releases carry, and ``Request``, the node's checked reading of a reques
   algorithm's values (``dataset``, ``seed``, ``epsilon``, ...); ``ArrayRecord`` "arrays"
   with its arrays (bounds, centroids, weights, queries, a projection).
 - Reply: ``ArrayRecord`` "values" (one flat array "values") and the "privacy" record of
-  ``protocol.events_record`` (entry and events); or an ``Error`` (``protocol``'s codes).
+  ``protocol.charge_record`` (entry and events); or an ``Error`` (``protocol``'s codes).
 
 Every value is the server's and untrusted: ``Request``'s readers raise ``ProtocolError``
 on anything missing, of the wrong type, or not finite.

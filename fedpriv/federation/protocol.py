@@ -38,6 +38,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, EventError, event_from_dict, event_to_dict
 from fedpriv.training import TrainingPlan
 
@@ -119,16 +120,17 @@ def _events_from_list(data: Any) -> tuple[DpEvent, ...]:
         raise ProtocolError(str(err)) from err
 
 
-def events_record(entry: str, events: Sequence[DpEvent]) -> ConfigRecord:
-    """The "privacy" record of a TRAIN or EVALUATE reply."""
-    return ConfigRecord({ENTRY: entry, EVENTS: _events_json(events)})
+def charge_record(charge: Charge) -> ConfigRecord:
+    """The "privacy" record of a TRAIN or EVALUATE reply (or a classic release): the charge
+    the node booked."""
+    return ConfigRecord({ENTRY: charge.entry, EVENTS: _events_json(charge.events)})
 
 
-def read_events(record: ConfigRecord) -> tuple[str, tuple[DpEvent, ...]]:
-    """(entry, events) of a "privacy" record."""
+def read_charge(record: ConfigRecord) -> Charge:
+    """The charge in a "privacy" record."""
     if ENTRY not in record or EVENTS not in record:
         raise ProtocolError(f"privacy record needs '{ENTRY}' and '{EVENTS}'")
-    return str(record[ENTRY]), _read_events_json(record[EVENTS])
+    return Charge(str(record[ENTRY]), _read_events_json(record[EVENTS]))
 
 
 def releases_record(entries: Mapping[str, Sequence[DpEvent]], evaluate_events: Sequence[DpEvent]) -> ConfigRecord:

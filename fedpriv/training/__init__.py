@@ -2,7 +2,7 @@
 evaluation (``evaluation``). The names below are the package's API."""
 
 from fedpriv.training.evaluation import evaluate
-from fedpriv.training.local import default_device, make_optimizer, train_round, with_physical_batch
+from fedpriv.training.local import default_device, make_optimizer, round_spend, train_round, with_physical_batch
 from fedpriv.training.plan import (
     LRSchedule,
     OptimizerKind,
@@ -15,5 +15,5 @@ from fedpriv.training.plan import (
 
 __all__ = [
     "LRSchedule", "OptimizerKind", "TrainingPlan", "calibrate_plan", "cosine_lr", "default_device", "default_epochs",
-    "default_plan", "evaluate", "make_optimizer", "train_round", "with_physical_batch",
+    "default_plan", "evaluate", "make_optimizer", "round_spend", "train_round", "with_physical_batch",
 ]

@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from fedpriv.dpsgd import TrainReport, train_dpsgd
+from fedpriv.dpsgd.engine import spent_events
 from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
+from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import round_generators
 from fedpriv.training.plan import OptimizerKind, TrainingPlan
 
@@ -127,3 +129,10 @@ def train_round(
         progress=progress,
         expected_lot_size=config.sample_rate * num_examples,
     )
+
+
+def round_spend(plan: TrainingPlan, num_examples: int) -> tuple[DpEvent, ...]:
+    """What ``train_round`` spends for ``plan`` on ñ = ``num_examples``, by the DP-SGD
+    engine's own account (``spent_events``; the physical batch changes nothing): a node
+    checks its charge against it before booking."""
+    return spent_events(plan.dpsgd_config(num_examples, physical_batch=1), plan.steps_per_round(num_examples))

@@ -79,9 +79,11 @@ def test_a_replayed_release_is_refused_and_a_bad_share_dropped(tmp_path, monkeyp
         reply = real(message, context)
         if context.node_config["partition-id"] == 1 and not reply.has_error():
             from fedpriv.federation import protocol
+            from fedpriv.privacy.charge import Charge
             from fedpriv.privacy.events import LaplaceEvent
-            key, _ = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
-            reply.content.config_records[protocol.PRIVACY] = protocol.events_record(key, (LaplaceEvent(100.0),))
+            booked = protocol.read_charge(reply.content.config_records[protocol.PRIVACY])
+            reply.content.config_records[protocol.PRIVACY] = protocol.charge_record(
+                Charge(booked.entry, (LaplaceEvent(100.0),)))
         return reply
 
     grid.client_app = cheat

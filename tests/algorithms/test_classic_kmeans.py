@@ -10,9 +10,21 @@ from hypothesis.extra.numpy import arrays
 from scipy import stats
 from sklearn.datasets import load_iris
 
-from fedpriv.algorithms.kmeans import (Box, assign, cluster_sums, clustering_accuracy, dplloyd, initial_centroids,
-                                       moments, moments_sensitivity, noisy_moments, noisy_sums, perturb_inputs,
-                                       sums_sensitivity, update)
+from fedpriv.algorithms.kmeans import (
+    Box,
+    assign,
+    cluster_sums,
+    clustering_accuracy,
+    dplloyd,
+    initial_centroids,
+    moments,
+    moments_sensitivity,
+    noisy_moments,
+    noisy_sums,
+    perturb_inputs,
+    sums_sensitivity,
+    update,
+)
 from fedpriv.privacy import make_accountant
 
 BOX = Box(np.array([0.0, -1.0]), np.array([4.0, 1.0]))

@@ -22,8 +22,17 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from fedpriv.algorithms.dppca import (SENSITIVITY, calibrate_pca_noise, check_projection, noisy_second_moment,
-                                      pca_event, principal_projection, project, second_moment, unit_rows)
+from fedpriv.algorithms.dppca import (
+    SENSITIVITY,
+    calibrate_pca_noise,
+    check_projection,
+    noisy_second_moment,
+    pca_event,
+    principal_projection,
+    project,
+    second_moment,
+    unit_rows,
+)
 from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event
 from fedpriv.privacy.accountants.rdp import ORDERS
 from fedpriv.seeding import generator

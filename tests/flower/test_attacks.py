@@ -164,9 +164,9 @@ def test_a_train_reply_carries_the_model_and_its_booked_events_and_nothing_else(
     released = _query(context).content.config_records[protocol.INFO][protocol.NUM_EXAMPLES]
     reply = _train(context)
     assert set(reply.content.keys()) == {protocol.ARRAYS, protocol.PRIVACY}  # no loss, no N
-    entry, events = protocol.read_events(reply.content.config_records[protocol.PRIVACY])
-    assert events == PLAN.round_events(released)  # q and steps of the released N, not the true one
-    assert PrivacyLedger.load(tmp_path / "ledger.json").entries("0")[entry] == events
+    charge = protocol.read_charge(reply.content.config_records[protocol.PRIVACY])
+    assert charge.events == PLAN.round_events(released)  # q and steps of the released N, not the true one
+    assert PrivacyLedger.load(tmp_path / "ledger.json").entries("0")[charge.entry] == charge.events
 
 
 def test_n_leaves_only_as_a_booked_gaussian_count(run_config, tmp_path):

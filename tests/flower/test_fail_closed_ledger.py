@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from clients import classic_app
 from fedpriv.federation.policy import POLICY_ENV, PolicyError, load_policy
 from fedpriv.privacy import PrivacyLedger
+from fedpriv.privacy.charge import Charge
 from tests.conftest import PROJECT_ROOT, SHARED_DATA
 from tests.flower.inprocess import initialised
 from tests.flower.test_attacks import _evaluate, _query, _train
@@ -173,5 +174,5 @@ def test_booking_into_a_ledger_gone_after_the_handlers_check_starts_no_empty_one
     policy = load_policy(_node(tmp_path / "node"), environ={})
     (tmp_path / "node" / "ledger.json").unlink()  # between the handler's check and its booking
     with pytest.raises(Refusal, match="not initialised or is gone"):
-        book(policy, "0", "run-a/round-1/train", (GaussianEvent(1.0),), Budget(math.inf, 1e-5))
+        book(policy, "0", Charge("run-a/round-1/train", (GaussianEvent(1.0),)), Budget(math.inf, 1e-5))
     assert not (tmp_path / "node" / "ledger.json").exists()

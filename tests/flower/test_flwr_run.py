@@ -11,8 +11,17 @@ from fedpriv.certificates import TlsFiles, write_node_key, write_tls
 from fedpriv.federation.policy import POLICY_ENV
 from fedpriv.node import init_nodes
 from simulations._federated import PROJECT_ROOT
-from simulations._processes import (BIN, Processes, base_env, free_port, healthy, stop_group, superlink_command,
-                                    supernode_command, write_flwr_config)
+from simulations._processes import (
+    BIN,
+    Processes,
+    base_env,
+    free_port,
+    healthy,
+    stop_group,
+    superlink_command,
+    supernode_command,
+    write_flwr_config,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedpriv.federation.settings import Partition, RunSettings, SettingsError
 from clients.partition import Split
+from fedpriv.federation.settings import Partition, RunSettings, SettingsError
 from simulations._federated import PROJECT_ROOT
 
 

@@ -37,7 +37,7 @@ def command(state: Path, data_dir: Path, *flags: str) -> Iterator[RunSettings]:
          "--target-epsilon", "2", "--data-dir", str(data_dir), "--state-dir", str(state), *flags])
     run_config = get_fused_config_from_dir(PROJECT_ROOT, run_config_overrides(args, "mnist"))
     budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
-    with node_policy_env(simulated_node_policy(run_config, state, budget, args.num_examples_noise), state):
+    with node_policy_env(simulated_node_policy(run_config, state, budget, args.num_examples_noise), state, CLIENTS):
         yield RunSettings.from_run_config(run_config)
 
 

@@ -1,6 +1,7 @@
 """BudgetedFedAvg with a mocked grid and hand-made replies, played as a malicious client:
 every reply is untrusted input (Prepare / Execute / Assert)."""
 
+import dataclasses
 from unittest.mock import Mock
 
 import numpy as np
@@ -10,6 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, dpsgd_event, epsilon_of
+from fedpriv.privacy.charge import Charge
 from fedpriv.training import TrainingPlan
 from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo
@@ -19,16 +21,18 @@ from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-EVENTS = (dpsgd_event(2.0, 1.0, 3),)  # q = 1: cheap for the RDP accountant
+# q = 1 (a lot of 50 of 50 examples) and 3 steps a round: cheap for the RDP accountant
+PLAN = TrainingPlan(model="cnn", lot_size=50, max_grad_norm=1.0, noise_multiplier=2.0, lr=0.1, local_epochs=3)
+EVENTS = PLAN.round_events(50)
 # a budget between the ε of one and of two rounds: one round fits, two do not
 BUDGET = (epsilon_of(EVENTS[0], 1e-5) + epsilon_of(dpsgd_event(2.0, 1.0, 6), 1e-5)) / 2
 ARRAYS = ArrayRecord([np.zeros(3, dtype=np.float32)])
-PLAN = TrainingPlan(model="cnn", lot_size=10, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
 RUN = "run-test"
 
 
 def _assignment(cid: str, weight: float = 50.0) -> Assignment:
-    return Assignment(cid, 50, {"noise-multiplier": 1.0 + int(cid)}, EVENTS, weight, PLAN)
+    """Each client its own C (which costs nothing: its events are every client's)."""
+    return Assignment(cid, 50, dataclasses.replace(PLAN, max_grad_norm=1.0 + int(cid)), weight)
 
 
 def _strategy(tmp_path, budget=10.0, clients=("0", "1", "2"), weights=None, durable=True):
@@ -54,7 +58,7 @@ def _send(strategy, server_round=1):
 def _reply(msg, value, events=EVENTS, entry=None, extra=None):
     content = RecordDict({
         protocol.ARRAYS: ArrayRecord([np.full(3, value, dtype=np.float32)]),
-        protocol.PRIVACY: protocol.events_record(entry or protocol.train_entry(RUN, 1), events),
+        protocol.PRIVACY: protocol.charge_record(Charge(entry or protocol.train_entry(RUN, 1), events)),
         **(extra or {}),
     })
     reply = Message(content, reply_to=msg)
@@ -78,7 +82,7 @@ def test_client_over_budget_is_not_sampled_and_the_round_is_booked_on_send(tmp_p
     # are charged in the durable ledger before any reply (a lost reply still counts)
     assert sorted(messages) == [100, 102]
     config = messages[102].content.config_records[protocol.CONFIG]
-    assert config["noise-multiplier"] == 3.0 and config[protocol.SERVER_ROUND] == 2 and config[protocol.RUN_KEY] == RUN
+    assert config["max-grad-norm"] == 3.0 and config[protocol.SERVER_ROUND] == 2 and config[protocol.RUN_KEY] == RUN
     on_disk = ServerLedger(Budget(BUDGET, 1e-5), tmp_path / "state" / "ledger.json").snapshot()
     assert on_disk.entries("0") == {protocol.train_entry(RUN, 2): EVENTS}
     assert on_disk.spent("0") == pytest.approx(epsilon_of(EVENTS[0], 1e-5))
