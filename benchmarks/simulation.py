@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = [settings_from_args(parser, args, run_config(point, args, "")) for point in todo]
     quiet_console()  # each log line once (Flower's records reach no root handler); no Ray tip
     measured = []
-    for point, point_settings in zip(todo, settings):
+    for point, point_settings in zip(todo, settings, strict=True):
         measured.append(measure(point, args, point_settings))
         print(f"{point.clients} clients, per round: simulation {measured[-1]['simulation_median_s']:.2f} s, "
               f"plain loop {measured[-1]['plain_loop_median_s']:.2f} s, ratio {measured[-1]['ratio']:.2f}, "

@@ -170,7 +170,8 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name,
                       partition_key=policy.partition_key)  # Refusal first
     budget = policy.effective_budget(settings)
-    check_delta(budget.delta, stored_size(policy, settings, context.node_config, _train_size(settings, context, policy)))
+    released = stored_size(policy, settings, context.node_config, _train_size(settings, context, policy))
+    check_delta(budget.delta, released)
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)

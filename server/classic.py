@@ -215,7 +215,8 @@ def federated_dppca(grid: Grid, seed: int, noise_multiplier: float, sample_rate:
     run_key, shares = f"run-{secrets.token_hex(6)}", Shares()
     config = {"algorithm": "dppca", "seed": seed, "step": 0, "run-key": run_key,
               "noise-multiplier": noise_multiplier, "sample-rate": sample_rate, "limit-train": limit_train or 0}
-    total, accepted = _ask(grid, config, {}, features * features, dppca.pca_event(noise_multiplier, sample_rate), shares)
+    event = dppca.pca_event(noise_multiplier, sample_rate)
+    total, accepted = _ask(grid, config, {}, features * features, event, shares)
     if not accepted:
         raise RuntimeError(f"no node released its matrix: {shares.refused}")
     projection = dppca.principal_projection(torch.from_numpy(total.reshape(features, features)), dims)

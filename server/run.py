@@ -134,7 +134,8 @@ def _start(settings: RunSettings, state: ServerState | None,
     changed = sorted(k for k in plain.keys() | checkpoint.settings.keys()
                      if k not in NOT_RESUMED and plain.get(k) != checkpoint.settings.get(k))
     if changed:
-        raise SettingsError(f"resume must keep the run's settings; these differ from the checkpoint: {', '.join(changed)}")
+        raise SettingsError("resume must keep the run's settings; these differ from the checkpoint: "
+                            f"{', '.join(changed)}")
     log(INFO, "Resuming %s after round %d of %d", checkpoint.run_key, checkpoint.completed_round, settings.rounds)
     history = History.from_json(checkpoint.history)
     history.settings = plain

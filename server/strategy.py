@@ -283,7 +283,8 @@ class BudgetedFedAvg(FedAvg):
             for key in sums:
                 sums[key] += float(reply.content.metric_records[protocol.METRICS][key])
         count = max(sums[protocol.COUNT], 1.0)
-        metrics = {"loss": sums[protocol.LOSS_SUM] / count, "accuracy": min(1.0, max(0.0, sums[protocol.CORRECT] / count))}
+        accuracy = min(1.0, max(0.0, sums[protocol.CORRECT] / count))
+        metrics = {"loss": sums[protocol.LOSS_SUM] / count, "accuracy": accuracy}
         round_log.federated_evaluation = {**metrics, "count": sums[protocol.COUNT],
                                           "failed": scratch.failed, "rejected": scratch.rejected}
         return MetricRecord(metrics)

@@ -218,7 +218,8 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--download", action="store_true", default=None,
                    help="download the data set if it is missing (default: no)")
     p.add_argument("--out", default=f"runs/{dataset}",
-                   help=f"output folder; one holding a run's results is refused unless --resume (default: runs/{dataset})")
+                   help="output folder; one holding a run's results is refused unless --resume "
+                        f"(default: runs/{dataset})")
     p.add_argument("--state-dir", help="keep the server's ledger and checkpoints here and each node's "
                                        "ledger under nodes/ (default: a temporary folder)")
     p.add_argument("--resume", action="store_true", default=None,

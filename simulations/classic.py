@@ -178,7 +178,9 @@ def classifier(algorithm: str, epsilon: float, seed: int, x: np.ndarray, y: np.n
     return float((predicted == y_test).mean()), {"0": ledger.spent("0")}
 
 
-def federated(algorithm: str, epsilon: float, seed: int, clients: int, iterations: int) -> tuple[float, dict[str, float]]:
+def federated(
+    algorithm: str, epsilon: float, seed: int, clients: int, iterations: int
+) -> tuple[float, dict[str, float]]:
     """(metric, each node's ε from its own ledger) of a run across ``clients`` simulated nodes."""
     from flwr.serverapp import Grid
 

@@ -63,8 +63,8 @@ def build_parser() -> Parser:
     p.add_argument("--lr", type=positive, help="initial step η0 (default: the method's)")
     p.add_argument("--dropout", type=unit_interval, help="dpd's Gaussian dropout rate p < 1 (default: the method's)")
     p.add_argument("--data-dir", help="root folder of MNIST (default: $XDG_CACHE_HOME/fedpriv or ~/.cache/fedpriv)")
-    p.add_argument("--out", type=Path, help="write the JSON here instead of printing it (--table: and the Markdown beside "
-                                            "it, .md; --clients: the run's log, .log)")
+    p.add_argument("--out", type=Path, help="write the JSON here instead of printing it (--table: and the "
+                                            "Markdown beside it, .md; --clients: the run's log, .log)")
     return p
 
 
@@ -181,7 +181,8 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     ledgers = run_on_nodes(PROG, server, args.clients, {
         "epsilon-budget": paper.get("sound_epsilon", args.epsilon) * (1 + 1e-9), "delta": args.delta,
         "accountant": args.accountant, "randomness": "seeded", "seed": args.seed})
-    spent = {client: 0.0 if ledger is None else ledger.spent_at(client, args.delta) for client, ledger in ledgers.items()}
+    spent = {client: 0.0 if ledger is None else ledger.spent_at(client, args.delta)
+             for client, ledger in ledgers.items()}
     accuracy = dpdropout.accuracy(outcome["model"], dpdropout.digits_features(x_test),
                                   torch.as_tensor(y_test, dtype=torch.long))
     return result(args, method, args.epsilon, sigma, accuracy, settings, time.perf_counter() - start, spent,

@@ -51,7 +51,8 @@ def build_parser() -> Parser:
     p.add_argument("--pca-sample-rate", type=probability, default=1.0,
                    help="Poisson rate of the PCA's sample (default: 1, the best signal per ε)")
     p.add_argument("--dims", type=at_least(1), default=60, help="projection dimension (default: 60)")
-    p.add_argument("--epochs", type=at_least(1), default=30, help="DP-SGD epochs, or rounds with --clients (default: 30)")
+    p.add_argument("--epochs", type=at_least(1), default=30,
+                   help="DP-SGD epochs, or rounds with --clients (default: 30)")
     p.add_argument("--lot-size", type=at_least(1), default=600,
                    help="expected Poisson lot size (default: 600); with --clients, each node's is lot / K")
     p.add_argument("--max-grad-norm", type=positive, default=1.0, help="clipping norm C (default: 1)")

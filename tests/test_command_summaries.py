@@ -115,6 +115,7 @@ def test_the_deployment_prints_accuracy_and_each_nodes_epsilon_beside_the_target
     assert lines[2] == "node 1: ε = 0.9801 of target 1 in its own ledger (2 entries); the server's ledger: ε = 0.9801"
     written = lines[3].removeprefix(f"written to {tmp_path}: ").split(";")[0].split(", ")
     assert sorted(written) == sorted(p.name + "/" * p.is_dir() for p in tmp_path.iterdir())
-    stopped = {**results, "rounds": [], "final_accuracy": None, "stopped": "round 1: no client can afford another round"}
+    reason = "round 1: no client can afford another round"
+    stopped = {**results, "rounds": [], "final_accuracy": None, "stopped": reason}
     assert deployment_summary(stopped, nodes, 1.0, tmp_path).splitlines()[0] == (
-        "rounds run: 0 (stopped: round 1: no client can afford another round), test accuracy: none, no round was trained")
+        f"rounds run: 0 (stopped: {reason}), test accuracy: none, no round was trained")

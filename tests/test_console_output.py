@@ -19,7 +19,8 @@ from simulations._logging import console, terminal_text
 
 ESC = "\x1b["
 # as Ray's driver prints an actor's line: its prefix coloured by Ray, the level by Flower
-ACTOR_WARNING = f"{ESC}36m(ClientAppActor pid=10593){ESC}0m {ESC}93mWARNING {ESC}0m:   Manually terminating ClientAppActor\n"
+ACTOR_WARNING = (f"{ESC}36m(ClientAppActor pid=10593){ESC}0m {ESC}93mWARNING {ESC}0m:   "
+                 "Manually terminating ClientAppActor\n")
 ACTOR_LINE = f"{ESC}36m(ClientAppActor pid=10593){ESC}0m computing scattering features for 4000 images\n"
 DEDUP = (f"{ESC}36m(ClientAppActor pid=1){ESC}0m done{ESC}32m [repeated 2x across cluster] (Ray deduplicates logs "
          "by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication, or see https://docs.ray.io/x for more "

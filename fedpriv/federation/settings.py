@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from fedpriv.training import LRSchedule
 
 
-class Partition(str, Enum):
+class Partition(StrEnum):
     """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
     IID = "iid"

@@ -8,7 +8,8 @@ import json
 import logging
 import math
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
@@ -88,7 +89,8 @@ def _table(rows: list[dict[str, object]]) -> str:
         for r in rows
     ]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *body])
+    rows = [header, *body]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,4 +28,5 @@ class Charge:
     def require_same(self, events: tuple[DpEvent, ...], what: str) -> None:
         """``ChargeMismatchError`` unless ``events`` (what ``what`` spends) are this charge's."""
         if tuple(events) != self.events:
-            raise ChargeMismatchError(f"{self.entry}: {what} spends {list(events)}, not the charged {list(self.events)}")
+            raise ChargeMismatchError(
+                f"{self.entry}: {what} spends {list(events)}, not the charged {list(self.events)}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import dp_accounting
 
@@ -106,7 +106,7 @@ class ComposedEvent:
             _check_event(event)
 
 
-DpEvent = Union[GaussianEvent, LaplaceEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent]
+DpEvent = GaussianEvent | LaplaceEvent | PoissonSampledEvent | SelfComposedEvent | ComposedEvent
 _EVENT_TYPES = (GaussianEvent, LaplaceEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent)
 
 

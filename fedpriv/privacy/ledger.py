@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from fedpriv.files import write_json_atomic
 from fedpriv.privacy.accountants import AccountantKind, make_accountant
@@ -40,7 +40,7 @@ from fedpriv.privacy.events import (
 
 SCHEMA = "fedpriv.privacy.ledger"
 SCHEMA_VERSION = 2
-Events = Union[DpEvent, Iterable[DpEvent]]
+Events = DpEvent | Iterable[DpEvent]
 
 
 class LedgerError(ValueError):
@@ -232,7 +232,8 @@ class PrivacyLedger:
             **({"ledger_id": self.ledger_id} if self.ledger_id is not None else {}),
             "accountant": self.accountant.value,
             "budget": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
-            "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta} for c, b in sorted(self.client_budgets.items())},
+            "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta}
+                               for c, b in sorted(self.client_budgets.items())},
             "clients": {
                 c: [{"entry": key, "events": [event_to_dict(e) for e in evs]} for key, evs in entries.items()]
                 for c, entries in sorted(self._entries.items())
