@@ -1,5 +1,5 @@
-"""One contract for every ledger backend: the in-memory ledger of a run, the locked file a
-node and a server keep, and the server's durable ledger.
+"""One contract for every ledger backend: the in-memory ledger of a run, the locked file, the
+server's durable ledger and a node's initialised ledger (checked before each transaction).
 
 Each backend is driven through the same two verbs, ``transaction()`` (check and book,
 kept only if the block completes) and ``reopen()`` (a fresh handle on the same ledger, as
@@ -17,6 +17,8 @@ from pathlib import Path
 import dp_accounting
 import pytest
 
+from fedpriv.federation.policy import NodePolicy, load_policy
+from fedpriv.node import check_ledger, init
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError, PrivacyLedger, dpsgd_event
 from fedpriv.privacy.store import LedgerStore
 from server.ledger import ServerLedger
@@ -59,11 +61,30 @@ def server_backend(path: Path) -> Backend:
     return Backend(ledger.transaction, lambda: server_backend(path), durable=True)
 
 
-@pytest.fixture(params=["memory", "locked-file", "server-durable"])
+def node_backend(policy: NodePolicy) -> Backend:
+    """A node's ledger as its handlers use it: checked (initialised, present, its own), then locked."""
+    def transaction() -> contextlib.AbstractContextManager[PrivacyLedger]:
+        check_ledger(policy)
+        return LedgerStore(policy.ledger_path).transaction(BUDGET, policy.accountant)
+
+    return Backend(transaction, lambda: node_backend(policy), durable=True)
+
+
+def initialised_node(folder: Path) -> NodePolicy:
+    policy_file = folder / "policy.toml"
+    folder.mkdir(parents=True)
+    policy_file.write_text(f'epsilon-budget = {BUDGET.epsilon}\nstate-dir = "state"\n')
+    policy = load_policy({"policy": str(policy_file)}, environ={})
+    init(policy)
+    return policy
+
+
+@pytest.fixture(params=["memory", "locked-file", "server-durable", "node"])
 def backend(request, tmp_path) -> Backend:
     path = tmp_path / "ledger.json"
     return {"memory": memory_backend, "locked-file": lambda: file_backend(path),
-            "server-durable": lambda: server_backend(path)}[request.param]()
+            "server-durable": lambda: server_backend(path),
+            "node": lambda: node_backend(initialised_node(tmp_path / "node"))}[request.param]()
 
 
 def rounds_that_fit() -> int:
