@@ -5,7 +5,8 @@ of ``pyproject.toml``) through Flower's simulation engine with the Ray backend. 
 flags become run-config overrides of ``[tool.flwr.app.config]``, fused exactly as
 ``flwr run`` fuses them, so the apps see the same ``context.run_config`` either way.
 (``flwr.simulation.run_simulation`` leaves ``run_config`` empty; we call the engine's
-``_run_simulation`` the way Flower's own ``flwr-simulation`` process does.)
+``_run_simulation`` the way Flower's own ``flwr-simulation`` process does, through
+``simulations._flower_private``.)
 
 The command is also the operator of the nodes it simulates, so it sets their privacy
 policy (``simulated_node_policy``): budget from the flags, seeded randomness and one
@@ -207,20 +208,18 @@ def simulate(
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
     from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supercore.telemetry import EventType
 
     from simulations._delivery import one_pass_delivery
+    from simulations._flower_private import run_simulation, set_task_identity
 
     components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
     # What _run_simulation does for a run it creates itself, plus our overrides.
     run = Run.create_empty(run_id=SIMULATION_RUN_ID)
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
+    set_task_identity(run_id=run.run_id, task_id=1, node_id=SUPERLINK_NODE_ID)
     run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
@@ -231,17 +230,15 @@ def simulate(
     start = time.perf_counter()
     delivery = contextlib.nullcontext() if flower_delivery else one_pass_delivery()
     with ray_cluster(backend.get("init_args", {}), env), delivery:  # bounded start; Flower uses it
-        _run_simulation(
+        run_simulation(
+            run,
             num_supernodes=num_clients,
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
             server_app_attr=components["serverapp"],
             client_app_attr=components["clientapp"],
             backend_name="ray",
             backend_config=backend,
             server_app_context=context,
             app_dir=str(PROJECT_ROOT),
-            run=run,
-            is_app=True,
         )
     return time.perf_counter() - start
 
