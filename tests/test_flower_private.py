@@ -1,5 +1,6 @@
-"""Every private Flower name fedpriv uses (``simulations._flower_private``) still exists and
-takes what fedpriv passes: a Flower upgrade that moves one fails here, by name."""
+"""Every private Flower name fedpriv uses (``simulations._flower_private``, and the tests'
+``tests.flower.metadata``) still exists and takes what fedpriv passes: a Flower upgrade that
+moves one fails here, by name."""
 
 import inspect
 
@@ -30,3 +31,12 @@ def test_task_identity_is_set_for_a_block_and_restored():
         message = Message(RecordDict(), dst_node_id=5, message_type="query")
         assert message.metadata.run_id == 7
     assert (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id) == before
+
+
+def test_set_metadata_reads_back(task_identity):
+    from flwr.app import Message, RecordDict
+
+    from tests.flower.metadata import set_metadata
+
+    message = set_metadata(Message(RecordDict(), dst_node_id=5, message_type="query"), message_id="m", src_node_id=9)
+    assert (message.metadata.message_id, message.metadata.src_node_id) == ("m", 9)

@@ -22,6 +22,7 @@ from clients.client_app import app as dpsgd_app
 from fedpriv.federation.policy import load_policy
 from fedpriv.node import init, recorded_id
 from fedpriv.privacy import PrivacyLedger
+from tests.flower.metadata import set_metadata
 
 
 class ServerKilled(Exception):
@@ -84,7 +85,7 @@ class InProcessGrid:
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
-            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_metadata(message, message_id=uuid.uuid4().hex)
             ids.append(message.metadata.message_id)
         return ids
 
@@ -96,9 +97,9 @@ class InProcessGrid:
             if self.kill_after is not None and self.delivered >= self.kill_after:
                 raise ServerKilled(f"killed after {self.delivered} messages")
             node = message.metadata.dst_node_id
-            message.metadata.__dict__["_src_node_id"] = 0
+            set_metadata(message, src_node_id=0)
             reply = self.client_app(message, self.contexts[node])
-            reply.metadata.__dict__["_src_node_id"] = node
+            set_metadata(reply, src_node_id=node)
             self.delivered += 1
             if not self.lose(node, message):
                 replies.append(reply)

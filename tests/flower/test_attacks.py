@@ -19,12 +19,14 @@ from fedpriv.federation.policy import LOSS_CLIP
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PrivacyLedger, epsilon_of
+from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent
 from fedpriv.training import TrainingPlan, train_round
 from fedpriv.training import local as training
 from server.checks import check_train_reply, update_norm_bound
 from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import booked, initialised
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -50,7 +52,7 @@ def _context(run_config, state, run_id=1, data_dir=SHARED_DATA, **policy):
 
 def _send(context, content, message_type):
     message = Message(content, dst_node_id=5, message_type=message_type)
-    message.metadata.__dict__["_message_id"] = "m"
+    set_metadata(message, message_id="m")
     return app(message, context)
 
 
@@ -226,7 +228,7 @@ def test_a_model_that_makes_gradients_non_finite_still_gets_a_finite_reply(run_c
     assert not reply.has_error()
     assert np.isfinite(_vector(reply)).all()
     global_arrays = ArrayRecord(state)
-    problem = check_train_reply(reply, protocol.train_entry("run-a", 1), ONE_ROUND, global_arrays,
+    problem = check_train_reply(reply, Charge(protocol.train_entry("run-a", 1), ONE_ROUND), global_arrays,
                                 update_norm_bound(PLAN, N, sum(v.numel() for v in state.values())))
     assert problem is None
 

@@ -24,6 +24,7 @@ from fedpriv.privacy.events import dpsgd_event
 from fedpriv.training import TrainingPlan
 from server.checks import check_train_reply
 from tests.conftest import PROJECT_ROOT, SHARED_DATA
+from tests.flower.metadata import set_metadata
 from tests.timeouts import scaled
 
 PLAN = TrainingPlan(model="mlp", lot_size=20, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1)
@@ -55,7 +56,7 @@ def cheaper_charge_outcome(state: Path) -> dict:
         content = RecordDict({protocol.ARRAYS: ArrayRecord(build_model(PLAN.model, 0).state_dict()),
                               protocol.CONFIG: config})
         message = Message(content, dst_node_id=5, message_type=MessageType.TRAIN)
-        message.metadata.__dict__["_message_id"] = "m"
+        set_metadata(message, message_id="m")
         reply = app(message, context)
     finally:
         TrainingPlan.round_events = real  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ from fedpriv.training import TrainingPlan
 from server.classic import Shares, _ask
 from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import InProcessGrid, booked, initialised, node_config
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -47,7 +48,7 @@ def _send(context, message_type, server_round=1):
     content = RecordDict({protocol.CONFIG: ConfigRecord(config)} if message_type == MessageType.QUERY else
                          {protocol.ARRAYS: arrays, protocol.CONFIG: ConfigRecord(config)})
     message = Message(content, dst_node_id=5, message_type=message_type)
-    message.metadata.__dict__["_message_id"] = "m"
+    set_metadata(message, message_id="m")
     return app(message, context)
 
 

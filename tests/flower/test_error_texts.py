@@ -21,6 +21,7 @@ from fedpriv.training import TrainingPlan
 from server.classic import Shares, _ask
 from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import InProcessGrid, initialised, node_config
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -39,7 +40,7 @@ def _what_the_server_reads(context, content, message_type) -> tuple[int | None, 
     """(error code, reason) as Flower delivers them: the app's ``Error``, or, where the app
     raises, Flower's own (``run_clientapp``: the exception's type and text)."""
     message = Message(content, dst_node_id=5, message_type=message_type)
-    message.metadata.__dict__["_message_id"] = "m"
+    set_metadata(message, message_id="m")
     try:
         reply = app(message, context)
     except Exception as err:  # noqa: BLE001 - as Flower's run_clientapp catches it

@@ -9,6 +9,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.superlink.grid import HttpGrid
 
 from server.exchange import PULL_INTERVAL_S, send_and_receive
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -25,12 +26,12 @@ class DelayedGrid(HttpGrid):
     def push_messages(self, messages):
         ids = []
         for message in messages:
-            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_metadata(message, message_id=uuid.uuid4().hex)
             ids.append(message.metadata.message_id)
             delay = self.delays[message.metadata.dst_node_id]
             if delay is not None:
                 reply = Message(RecordDict(), reply_to=message)
-                reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+                set_metadata(reply, src_node_id=message.metadata.dst_node_id)
                 self.pending.append((time.monotonic() + delay, reply))
         return ids
 

@@ -19,6 +19,7 @@ from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.charge import Charge
 from tests.conftest import PROJECT_ROOT, SHARED_DATA
 from tests.flower.inprocess import initialised
+from tests.flower.metadata import set_metadata
 from tests.flower.test_attacks import _evaluate, _query, _train
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -41,7 +42,7 @@ def _classic(config, kind):
                                                             "seed": 0, "epsilon": 1.0, "dataset": "iris"}),
                           classic_app.ARRAYS: ArrayRecord()})
     message = Message(content, dst_node_id=5, message_type=MessageType.QUERY)
-    message.metadata.__dict__["_message_id"] = "m"
+    set_metadata(message, message_id="m")
     return classic_app.app(message, _context(config))
 
 

@@ -18,6 +18,7 @@ from server.discovery import ClientInfo
 from server.history import History, epsilon_summary
 from server.ledger import ServerLedger
 from server.strategy import BudgetedFedAvg, BudgetExhausted
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -51,7 +52,7 @@ def _send(strategy, server_round=1):
     """configure_train, then give each message an id as a Grid's push does."""
     messages = list(strategy.configure_train(server_round, ARRAYS, ConfigRecord(), _grid(strategy.nodes)))
     for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"m{server_round}-{i}"
+        set_metadata(m, message_id=f"m{server_round}-{i}")
     return {m.metadata.dst_node_id: m for m in messages}
 
 
@@ -62,7 +63,7 @@ def _reply(msg, value, events=EVENTS, entry=None, extra=None):
         **(extra or {}),
     })
     reply = Message(content, reply_to=msg)
-    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    set_metadata(reply, src_node_id=msg.metadata.dst_node_id)
     return reply
 
 
@@ -151,7 +152,7 @@ def test_refusals_and_mismatched_events_are_not_aggregated(tmp_path):
         Message(Error(code=protocol.REFUSAL_CODE, reason="over my budget"), reply_to=messages[101]),
         _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),)),  # under-reports its cost
     ]
-    replies[1].metadata.__dict__["_src_node_id"] = 101
+    set_metadata(replies[1], src_node_id=101)
     result = _aggregate(strategy, replies)
     np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
     log = strategy.history.rounds[-1]
