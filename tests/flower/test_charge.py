@@ -33,13 +33,12 @@ PLAN = TrainingPlan(model="mlp", lot_size=20, max_grad_norm=1.0, noise_multiplie
 def cheaper_charge_outcome(state: Path) -> dict:
     """Send TRAIN with a plan that under-states its cost (σ ten times the real one) to a
     fresh node in ``state``; what came back and what the node booked."""
-    from flwr.supercore.task_identity import TaskIdentity
-
     from clients.client_app import app
     from fedpriv.models import build_model
+    from simulations._flower_private import set_task_identity
     from tests.flower.inprocess import booked, initialised
 
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    set_task_identity(run_id=1, task_id=1, node_id=0)  # a process of its own, or the task_identity fixture's
     real = TrainingPlan.round_events
 
     def understated(plan: TrainingPlan, num_examples: int):

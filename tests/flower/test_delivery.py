@@ -25,9 +25,9 @@ from simulations import _delivery
 @pytest.fixture(autouse=True)
 def superlink_identity(task_identity):
     """Messages pushed as the server's (the SuperLink's node id), as in a simulation."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from simulations._flower_private import set_task_identity
 
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    set_task_identity(run_id=1, task_id=1, node_id=SUPERLINK_NODE_ID)  # restored by task_identity
 
 
 def _federation(num_nodes):

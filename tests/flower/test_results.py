@@ -50,18 +50,16 @@ class _Lines(logging.Handler):
 @pytest.fixture(scope="module")
 def cnn_run(tmp_path_factory, shared_data_dir):
     """(state folder, history, results.json, Flower's log lines) of a two-round run of the CNN."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from simulations._flower_private import task_identity
 
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     lines = _Lines()
     logging.getLogger("flwr").addHandler(lines)
     try:
-        tmp_path = tmp_path_factory.mktemp("cnn")
-        return (tmp_path, *_run(tmp_path, shared_data_dir), lines.lines)
+        with task_identity(run_id=1, task_id=1, node_id=0):
+            tmp_path = tmp_path_factory.mktemp("cnn")
+            return (tmp_path, *_run(tmp_path, shared_data_dir), lines.lines)
     finally:
         logging.getLogger("flwr").removeHandler(lines)
-        TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
 
 
 def test_results_carry_what_the_settings_resolved_to(cnn_run):
