@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
+from fedpriv.dpsgd.config import GradSampleMode
 from fedpriv.dpsgd.engine import STAGES
 from fedpriv.models import build_model
 from simulations._cli import Parser, at_least
@@ -65,7 +66,7 @@ def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Step
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         config = DPSGDConfig(
-            SIGMA, CLIP, sample_rate=1.0, max_physical_batch_size=BATCH, grad_sample_mode=mode
+            SIGMA, CLIP, sample_rate=1.0, max_physical_batch_size=BATCH, grad_sample_mode=GradSampleMode(mode)
         )
         sampling, noise = (torch.Generator(device=x.device).manual_seed(s) for s in (1, 2))
 

@@ -161,6 +161,8 @@ def plain_loop(settings: RunSettings, num_clients: int, per_round: int) -> list[
             state = {k: v.detach().cpu() * report.num_examples for k, v in model.state_dict().items()}
             total = state if total is None else {k: total[k] + state[k] for k in total}
             weight += report.num_examples
+        if total is None:  # per_round >= 1 clients were sampled
+            raise ValueError("no client trained this round")
         model.load_state_dict({k: v / weight for k, v in total.items()})
         seconds.append(time.perf_counter() - start)
     return seconds

@@ -61,10 +61,12 @@ def run() -> None:
         pulled["node_config"] = context.node_config
         return message, context, run_info, fab
 
-    def install_from_fab(content: bytes, *args: Any, **kwargs: Any) -> Any:
-        check_trusted(content, pulled["node_config"])
+    def install_from_fab(fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False) -> Path:
+        if not isinstance(fab_file, bytes):  # the SuperNode installs the bundle it pulled, as bytes
+            raise UntrustedApp(f"app bundle from a file ({fab_file}), not the pulled bytes: cannot pin it")
+        check_trusted(fab_file, pulled["node_config"])
         _forget(("clients", "fedpriv"))
-        return install(content, *args, **kwargs)
+        return install(fab_file, install_dir, skip_prompt)
 
     runtime.pull_task_input, runtime.install_from_fab = pull_task_input, install_from_fab
     flwr_clientapp()

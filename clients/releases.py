@@ -97,7 +97,7 @@ def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mappin
     key = data_key(policy, settings, node_config)
     stored = _read_releases(policy).get(key)
     if stored is None:
-        events = (policy.num_examples_event(),)
+        events: tuple[DpEvent, ...] = (policy.num_examples_event(),)
         entry = f"release/num-examples/{key}/{secrets.token_hex(4)}"  # one entry per draw
         ordinal = book(policy, client, Charge(entry, events), policy.effective_budget(settings))
         noise = float(node_noise(policy, 1, policy.num_examples_noise, "num-examples", key, ordinal)[0])

@@ -175,4 +175,4 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
-    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.PRIVACY: protocol.charge_record(charge)})
+    return RecordDict({protocol.METRICS: MetricRecord(dict(metrics)), protocol.PRIVACY: protocol.charge_record(charge)})

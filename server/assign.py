@@ -42,7 +42,7 @@ class Assignment:
     evaluate_events: tuple[DpEvent, ...] = ()
 
     @property
-    def config(self) -> Mapping[str, object]:
+    def config(self) -> Mapping[str, str | int | float]:
         """The plan as the TRAIN message carries it."""
         return protocol.plan_config(self.plan)
 

@@ -35,7 +35,7 @@ class Shares:
     events its accepted replies booked (for the results; the node's ledger is the truth)."""
 
     events: dict[str, list[DpEvent]] = field(default_factory=dict)
-    refused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str | None] = field(default_factory=dict)  # a Flower error may carry no reason
 
 
 def _ask(grid: Grid, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray], size: int,

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from types import TracebackType
@@ -237,6 +238,8 @@ class Progress:
         """Log the round's line and move the bar."""
         seconds = time.perf_counter() - self._start
         accuracy = round_log.test_accuracy
+        if accuracy is None:  # evaluate_fn records it before the round is done
+            raise RuntimeError(f"round {round_log.round} has no test accuracy")
         eps = max(round_log.epsilon.values(), default=math.nan)
         log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %.4f, %.1f s",
             round_log.round, self.rounds, 100 * accuracy, eps, seconds)
@@ -249,13 +252,23 @@ class Progress:
             stream = getattr(handler, "stream", None)
             if isinstance(handler, logging.StreamHandler) and stream is not None and stream in (sys.stdout, sys.stderr):
                 above = _AboveBar(stream, self.bar)
-                handler.setStream(above)  # type: ignore[arg-type]
-                self._restore.append(lambda h=handler, s=stream, a=above: (h.setStream(s), a.finish()))
+                handler.setStream(above)
+                self._restore.append(_then_finish(partial(handler.setStream, stream), above))
         for name in ("stdout", "stderr"):
             original = getattr(sys, name)
             above = _AboveBar(original, self.bar)
             setattr(sys, name, above)
-            self._restore.append(lambda n=name, o=original, a=above: (setattr(sys, n, o), a.finish()))
+            self._restore.append(_then_finish(partial(setattr, sys, name, original), above))
+
+
+def _then_finish(undo: Callable[[], object], above: _AboveBar) -> Callable[[], None]:
+    """``undo``, then write out what ``above`` still holds."""
+
+    def restore() -> None:
+        undo()
+        above.finish()
+
+    return restore
 
 
 class _AboveBar:

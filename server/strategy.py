@@ -280,14 +280,18 @@ class BudgetedFedAvg(FedAvg):
             if problem:
                 scratch.rejected[sent.assignment.client_id] = problem
                 continue
+            reported = reply.content.metric_records[protocol.METRICS]
             for key in sums:
-                sums[key] += float(reply.content.metric_records[protocol.METRICS][key])
+                value = reported[key]
+                if isinstance(value, list):  # check_evaluate_reply refused it already
+                    raise TypeError(f"metric {key!r} is a list, not a number")
+                sums[key] += float(value)
         count = max(sums[protocol.COUNT], 1.0)
         accuracy = min(1.0, max(0.0, sums[protocol.CORRECT] / count))
         metrics = {"loss": sums[protocol.LOSS_SUM] / count, "accuracy": accuracy}
         round_log.federated_evaluation = {**metrics, "count": sums[protocol.COUNT],
                                           "failed": scratch.failed, "rejected": scratch.rejected}
-        return MetricRecord(metrics)
+        return MetricRecord(dict(metrics))  # Flower takes an (invariant) dict of its value union
 
 
 def weighted_average(weighted: list[tuple[float, ArrayRecord]]) -> ArrayRecord:
@@ -298,6 +302,6 @@ def weighted_average(weighted: list[tuple[float, ArrayRecord]]) -> ArrayRecord:
     first = weighted[0][1]
     out = {}
     for name, array in first.items():
-        mean = sum(w * arrays[name].numpy().astype(np.float64) for w, arrays in weighted) / total
+        mean = np.asarray(sum(w * arrays[name].numpy().astype(np.float64) for w, arrays in weighted) / total)
         out[name] = Array(mean.astype(array.numpy().dtype))
     return ArrayRecord(out)

@@ -43,7 +43,7 @@ import torch
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
-from fedpriv.federation.settings import RunSettings
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
@@ -98,6 +98,8 @@ def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any
         if settings.resume:
             from server.state import ServerState
 
+            if settings.state_dir is None:  # RunSettings refused it already
+                raise SettingsError("resume needs state-dir: the folder of the run to continue")
             ServerState(settings.state_dir).load()  # StateError: nothing to resume there
     except ValueError as err:  # SettingsError, StateError, or the plan's own checks
         parser.error(flag_message(str(err), FLAGS))

@@ -154,11 +154,11 @@ def console(log_path: Path) -> Iterator[Path]:
     quiet_console()
     log = _LogFile(log_path)
     flwr = logging.getLogger("flwr")
-    to_file = logging.StreamHandler(log)  # type: ignore[arg-type]
+    to_file = logging.StreamHandler(log)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     to_file.setLevel(logging.INFO)
     saved_streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Diverting(sys.stdout, log), _Diverting(sys.stderr, log)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = _Diverting(sys.stdout, log), _Diverting(sys.stderr, log)
     # Flower's console handlers write through the same streams (so a progress bar that moves
     # the standard streams' lines above it moves theirs too), notices filtered by record
     consoles = {h: h.stream for h in flwr.handlers if type(h) is not logging.FileHandler
@@ -184,7 +184,7 @@ def console(log_path: Path) -> Iterator[Path]:
         yield log_path
     finally:
         warnings.showwarning = saved_showwarning
-        warnings.filters[:] = saved_filters
+        warnings.filters[:] = saved_filters  # type: ignore[index]  # typeshed: a Sequence; it is a list
         for stream in (sys.stdout, sys.stderr):
             if isinstance(stream, _Diverting):
                 stream.flush()

@@ -15,7 +15,7 @@ with is the node's draw, so the question is left to the run. A resumed run is le
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,7 @@ def nothing_to_spend(settings: RunSettings, state_dir: Path, clients: int) -> st
     return explain("in the nodes' own ledgers", [s for s in nodes if s], NODE_FLAG)
 
 
-def round_events(settings: RunSettings, policies: list[NodePolicy], configs: list[Mapping[str, int]]
+def round_events(settings: RunSettings, policies: list[NodePolicy], configs: Sequence[Mapping[str, int]]
                  ) -> dict[str, tuple[DpEvent, ...]]:
     """Client id → the events of one round the server would assign it (its N public)."""
     from clients.task import local_data

@@ -202,8 +202,8 @@ def federated(
             model, _ = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
             outcome["metric"] = metric(algorithm, model, x_test, y_test)
         elif algorithm == "ann-iris":
-            model, _ = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
-            outcome["metric"] = iris.accuracy(model, x_test, y_test.astype(int))
+            network, _ = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
+            outcome["metric"] = iris.accuracy(network, x_test, y_test.astype(int))
         else:
             answers, _ = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
             outcome["metric"] = float((answers.argmax(axis=1) == y_test).mean())
@@ -239,9 +239,10 @@ def sweep(algorithm: str, iterations: int, out: Path | None) -> dict[str, Any]:
         values = [p[key] for p in points if p["epsilon"] == e and p[key] is not None]
         return float(np.mean(values)) if values else None
 
-    summary = {"algorithm": algorithm, "points": points, "mean": {str(e): mean("metric", e) for e in SWEEP},
-               "diffprivlib_mean": {str(e): mean("diffprivlib_metric", e) for e in SWEEP},
-               "nonprivate_metric": float(np.mean([p["nonprivate_metric"] for p in points]))}
+    summary: dict[str, Any] = {
+        "algorithm": algorithm, "points": points, "mean": {str(e): mean("metric", e) for e in SWEEP},
+        "diffprivlib_mean": {str(e): mean("diffprivlib_metric", e) for e in SWEEP},
+        "nonprivate_metric": float(np.mean([p["nonprivate_metric"] for p in points]))}
     if out is not None:
         import matplotlib
 

@@ -26,9 +26,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulations._cli import PROJECT_ROOT, Parser, at_least, delta, positive
+
+if TYPE_CHECKING:
+    from simulations._processes import Started
 
 FEDERATION = "deployment"
 """The ``flwr`` CLI's name for this deployment's SuperLink (in ``DIR/flwr-home``)."""
@@ -149,7 +152,7 @@ class Deployment:
         self.processes = Processes()
         self.env = base_env(out / "flwr-home")
         self.nodes = [NodeFiles(out / "nodes" / str(i)) for i in range(nodes)]
-        self.superlink = None
+        self.superlink: Started | None = None
         self.supernodes: dict[int, Any] = {}
 
     def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None) -> None:
@@ -193,7 +196,8 @@ class Deployment:
         self.superlink = self.processes.start(
             "SuperLink", superlink_command(port, folder / "state.db", self.tls, supernode_auth=True,
                                            host=self.network.superlink_host), self.env, folder / "superlink.log")
-        self.processes.wait_until(lambda: healthy(self.address, self.tls), self.superlink, 90, "answer its health check")
+        self.processes.wait_until(lambda: healthy(self.address, self.tls), self.superlink, 90,
+                                  "answer its health check")
         for node in self.nodes:
             self.flwr("supernode", "register", str(node.public_key), FEDERATION)
 
@@ -236,7 +240,8 @@ class Deployment:
         done = subprocess.run([str(BIN / "flwr"), *command], env=self.env, cwd=self.out, capture_output=True,
                               text=True, timeout=timeout)
         if done.returncode != 0:
-            raise ProcessError(f"flwr {' '.join(command)} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise ProcessError(f"flwr {' '.join(command)} failed ({done.returncode}): "
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
 
     def start_run(self, app: Path, config: Mapping[str, Any]) -> Any:
@@ -255,7 +260,7 @@ class Deployment:
             path = node.state / "ledger.json"
             ledger = PrivacyLedger.load(path) if path.exists() else None
             entries = list(ledger.entries(str(i))) if ledger else []
-            spent[str(i)] = {"epsilon": ledger.spent_at(str(i), delta_) if entries else 0.0,
+            spent[str(i)] = {"epsilon": ledger.spent_at(str(i), delta_) if ledger and entries else 0.0,
                              "entries": entries, "ledger": str(path)}
         return spent
 

@@ -32,13 +32,14 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
-from fedpriv.dpsgd.config import check_sample_rate
+from fedpriv.dpsgd.config import Clipping, GradSampleMode, check_sample_rate
 from fedpriv.privacy import calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import derive_seed, generator
@@ -99,8 +100,8 @@ class Settings:
         """The engine's config: noise std σ·C·√K on a sum of per-example gradients of norm ≤ C·√K."""
         return DPSGDConfig(noise_multiplier=noise_multiplier, max_grad_norm=self.max_grad_norm * math.sqrt(NUM_TENSORS),
                            sample_rate=self.sample_rate(num_examples),
-                           clipping="flat" if self.method == "dpsgd" else "per_layer",
-                           secure_mode=secure_mode, grad_sample_mode="bookkeeping")
+                           clipping=Clipping.FLAT if self.method == "dpsgd" else Clipping.PER_LAYER,
+                           secure_mode=secure_mode, grad_sample_mode=GradSampleMode.BOOKKEEPING)
 
 
 PAPER = {
@@ -126,7 +127,7 @@ def settings(dataset: str, method: str, **overrides: float | int | None) -> Sett
     """The paper's settings for ``dataset``, the tuned defaults, then ``overrides`` (None: keep)."""
     if dataset not in PAPER:
         raise ValueError(f"dataset must be one of {', '.join(PAPER)}, got {dataset!r}")
-    chosen = {**PAPER[dataset], **DEFAULTS.get((dataset, method), {})}
+    chosen: dict[str, Any] = {**PAPER[dataset], **DEFAULTS.get((dataset, method), {})}  # Settings checks each type
     chosen.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(method=method, **chosen)
 
@@ -178,10 +179,9 @@ def train(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, settin
     """
     num_examples = len(labels)
     config = settings_.engine_config(noise_multiplier, num_examples, secure_mode=seed is None)
-    streams = {} if seed is None else {
-        "sampling_generator": generator(seed, "dpdropout", "sampling"),
-        "noise_generator": generator(seed, "dpdropout", "noise"),
-    }
+    sampling, noise = (None, None) if seed is None else (
+        generator(seed, "dpdropout", "sampling"), generator(seed, "dpdropout", "noise")
+    )
     dropout_seed = int.from_bytes(os.urandom(8), "big") if seed is None else derive_seed(seed, "dpdropout", "dropout")
     for module in model.modules():
         if isinstance(module, GaussianDropout):
@@ -190,7 +190,8 @@ def train(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, settin
     for epoch in range(1, settings_.epochs + 1) if epochs is None else epochs:
         optimizer = torch.optim.SGD(model.parameters(), lr=settings_.learning_rate(epoch))
         report = train_dpsgd(model, features, labels, config=config, steps=steps_per_epoch(config.sample_rate),
-                             optimizer=optimizer, expected_lot_size=expected_lot_size, **streams)
+                             optimizer=optimizer, expected_lot_size=expected_lot_size,
+                             sampling_generator=sampling, noise_generator=noise)
         events.extend(report.events)
         if progress is not None:
             progress(epoch, report.mean_loss)

@@ -134,8 +134,12 @@ def noisy_second_moment(
         raise ValueError("the noise must not share a generator with the sampling")
     rows = _check_records(x)
     if sample_rate < 1:
-        lot = (secure_poisson_lot(len(rows), sample_rate, "cpu") if secure_mode
-               else poisson_lot(len(rows), sample_rate, sampling_generator))
+        if secure_mode:
+            lot = secure_poisson_lot(len(rows), sample_rate, "cpu")
+        elif sampling_generator is not None:
+            lot = poisson_lot(len(rows), sample_rate, sampling_generator)
+        else:  # refused above already
+            raise ValueError("a sampling_generator is required for sample_rate < 1 unless secure_mode=True")
         rows = rows[lot.to(rows.device)]
     moment = second_moment(rows)
     d = moment.shape[0]

@@ -80,7 +80,8 @@ def cross_validate(x: np.ndarray, y: np.ndarray, epsilon: float, delta: float, s
     sample_rate = lot_size / train_size
     steps = int(epochs / sample_rate)
     sigma = calibrate_noise_multiplier(epsilon, delta, sample_rate, steps * FOLDS)
-    scores, events = [], []
+    scores: list[float] = []
+    events: list[DpEvent] = []
     for i, test in enumerate(folds):
         rest = np.concatenate([f for j, f in enumerate(folds) if j != i])
         model = network(seed * FOLDS + i)

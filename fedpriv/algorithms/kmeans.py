@@ -123,6 +123,8 @@ def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 3
     for _ in range(iterations):
         release = noisy_sums(x, centroids, box, share, rng)
         centroids, event = update(release.values, centroids, box), release.event
+    if event is None:  # iterations >= 1 was checked above
+        raise ValueError("k and iterations must be >= 1")
     return centroids, ComposedEvent((init.event, SelfComposedEvent(event, iterations)))
 
 
@@ -161,6 +163,8 @@ def perturb_inputs(x: np.ndarray, box: Box, epsilon: float,
         release = laplace_mechanism(record, sensitivity=sensitivity, scale=sensitivity / epsilon,
                                     bounds=(float(np.min(box.low)), float(np.max(box.high))), rng=rng)
         noisy[i], event = release.values, release.event
+    if event is None:
+        raise ValueError("perturb_inputs needs at least one record")
     return noisy, event
 
 

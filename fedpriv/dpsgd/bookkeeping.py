@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +90,8 @@ class ChannelsLast:
 
 
 PerExample = Materialised | OuterProduct | ChannelsLast
-LayerRule = Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, PerExample]]
+# Any: each rule takes the layer type it is keyed by in LAYER_RULES, which mypy cannot express.
+LayerRule = Callable[[Any, torch.Tensor, torch.Tensor], dict[str, PerExample]]
 
 
 def _linear(layer: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> dict[str, PerExample]:
@@ -113,6 +115,8 @@ def _conv2d(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> dict[str, Per
 def _patches(layer: nn.Conv2d, a: torch.Tensor, out_size: tuple[int, int]) -> torch.Tensor:
     """(B, OH, OW, kh, kw, C) view of the zero-padded input, channels last: the patch behind
     each output position."""
+    if isinstance(layer.padding, str):  # refused by supports_bookkeeping already
+        raise UnsupportedModuleError(f"Conv2d padding={layer.padding!r}; use grad_sample_mode='vmap'")
     (ph, pw), (sh, sw), (dh, dw) = layer.padding, layer.stride, layer.dilation
     nhwc = a.permute(0, 2, 3, 1)
     padded = (F.pad(nhwc, (0, 0, pw, pw, ph, ph)) if ph or pw else nhwc).contiguous()  # ≤ 1 copy

@@ -65,15 +65,17 @@ class DPSGDConfig:
     reproducible*, and slower.  Like Opacus it sums four draws of std σC/2 (same
     distribution) to blunt floating-point attacks on the sampler's low bits (Mironov 2012);
     see ``noise.fill_gaussian_noise_`` and ``sampling.secure_poisson_lot``.
+    ``clipping`` and ``grad_sample_mode`` also take their string values (from a CLI or the
+    wire): ``__post_init__`` parses them, so the fields always hold the enum.
     """
 
     noise_multiplier: float
     max_grad_norm: float
     sample_rate: float
     max_physical_batch_size: int = 512
-    clipping: Clipping | str = Clipping.FLAT
+    clipping: Clipping = Clipping.FLAT
     secure_mode: bool = False
-    grad_sample_mode: GradSampleMode | str = GradSampleMode.AUTO
+    grad_sample_mode: GradSampleMode = GradSampleMode.AUTO
 
     def __post_init__(self) -> None:
         _check_number("noise_multiplier", self.noise_multiplier)
@@ -132,8 +134,10 @@ def _check_number(name: str, value: object) -> None:
 
 
 def _parse(enum: type[StrEnum], name: str, value: object) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        choices = ", ".join(repr(m.value) for m in enum)
-        raise ConfigError(f"{name} must be one of {choices}, got {value!r}") from None
+    if isinstance(value, str):  # an enum member is a str; a non-str matches no member
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    choices = ", ".join(repr(m.value) for m in enum)
+    raise ConfigError(f"{name} must be one of {choices}, got {value!r}")

@@ -89,8 +89,10 @@ def train_dpsgd(
     model.train()
     if config.secure_mode:
         draw_lot = partial(secure_poisson_lot, num_examples, config.sample_rate, features.device)
-    else:
+    elif sampling_generator is not None:
         draw_lot = partial(poisson_lot, num_examples, config.sample_rate, sampling_generator)
+    else:  # refused by _check_inputs already
+        raise ValueError("sampling_generator is required unless secure_mode=True")
     flat, grads = gradient_buffers(params)
     loss_total = torch.zeros((), device=features.device)
     examples_seen = 0

@@ -154,7 +154,7 @@ def read_releases(record: ConfigRecord) -> tuple[dict[str, tuple[DpEvent, ...]],
     return entries, _read_events_json(evaluate)
 
 
-def plan_config(plan: TrainingPlan) -> dict[str, Any]:
+def plan_config(plan: TrainingPlan) -> dict[str, str | int | float]:
     """A plan as kebab-case ConfigRecord values (enums as their strings; unset optional
     fields left out, ``read_plan`` restores their default)."""
     return {

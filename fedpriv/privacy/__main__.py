@@ -88,9 +88,9 @@ def _table(rows: list[dict[str, object]]) -> str:
          f"({r['budget_epsilon']:g}, {r['budget_delta']:g})", f"{r['remaining']:.4f}"]
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    rows = [header, *body]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    lines = [header, *body]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,7 @@ class TrainingPlan:
     means no horizon yet: constant). The LR is a function of the round only, so a
     federated client applies the very same schedule as a centralized run.
     ``max_physical_batch_size`` None: chosen per device before training (``with_physical_batch``).
+    ``clipping`` also takes its string value; ``__post_init__`` stores the engine's parse.
     """
 
     model: str
@@ -67,7 +68,7 @@ class TrainingPlan:
     optimizer: OptimizerKind | str = OptimizerKind.SGD
     local_epochs: int = 1
     max_physical_batch_size: int | None = None
-    clipping: Clipping | str = Clipping.FLAT
+    clipping: Clipping = Clipping.FLAT
     lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
     lr_decay_rounds: int = 0
     shared_sample_rate: float | None = None
