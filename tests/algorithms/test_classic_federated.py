@@ -174,4 +174,4 @@ def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_pat
     assert not shares.events and len(grid.log) == 2
     assert all(reply.has_error() and reply.error.code == protocol.FAILURE_CODE
                and reply.error.reason == protocol.FAILED_AFTER_BOOKING for reply in grid.log)
-    assert "not the booked" in caplog.text
+    assert "not the charged" in caplog.text
