@@ -9,10 +9,10 @@ import re
 import pytest
 
 from clients.task import local_data
+from fedpriv.dpsgd import steps_per_epoch
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event, epsilon_of
 from fedpriv.privacy.events import ComposedEvent
-from fedpriv.training import steps_per_epoch
 from server.assign import Assigner
 from server.discovery import ClientInfo
 from server.history import History, RoundLog

@@ -11,9 +11,9 @@ import sys
 import dp_accounting
 import pytest
 
+from fedpriv.dpsgd import steps_per_epoch
 from fedpriv.federation import protocol
 from fedpriv.privacy import PrivacyLedger, dpsgd_event
-from fedpriv.training import steps_per_epoch
 from simulations._federated import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
