@@ -137,8 +137,11 @@ class Processes:
     def wait_until(self, ready: Callable[[], bool], started: Started, timeout: float, what: str) -> None:
         """Poll ``ready()`` until true; ``ProcessError`` if ``started`` exits or time runs out."""
         deadline = time.monotonic() + timeout
-        while not ready():
-            self.track()
+        while True:
+            is_ready = ready()
+            self.track()  # also once ready: the children it became ready with are kept
+            if is_ready:
+                return
             if started.process.poll() is not None:
                 raise ProcessError(f"{started.name} exited with code {started.process.returncode} before {what}; "
                                    f"log {started.log}:\n{started.tail()}")
