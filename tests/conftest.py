@@ -63,7 +63,7 @@ def nothing_outlives_the_session():
 
 
 @pytest.fixture(autouse=True)
-def nothing_outlives_the_test():
+def process_mark():
     """Every process the test starts (its own children, theirs, orphans) carries the
     test's mark; whatever still runs after the test's own finalisers is stopped."""
     from simulations._processes import descendants

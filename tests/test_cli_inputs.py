@@ -22,6 +22,7 @@ import pytest
 
 from fedpriv.data import DatasetNotFoundError, check_available
 from tests.cifar_files import write_cifar10
+from tests.timeouts import scaled
 from simulations._cli import (
     CACHE_ENV,
     at_least,
@@ -118,7 +119,7 @@ def _run(case: Case, empty: Path) -> Outcome:
     argv = [arg.replace("{empty}", str(empty)) for arg in case.argv]
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", case.module, *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(600))
     return Outcome(done.returncode, done.stdout, done.stderr, time.perf_counter() - start)
 
 

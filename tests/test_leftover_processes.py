@@ -28,7 +28,7 @@ def _alive(pid: int) -> bool:
     return start_time(pid) is not None
 
 
-def test_a_process_orphaned_mid_test_is_found_and_the_finaliser_leaves_none(tmp_path, nothing_outlives_the_test):
+def test_a_process_orphaned_mid_test_is_found_and_the_finaliser_leaves_none(tmp_path, process_mark):
     # Prepare: the parent started as the deployment helpers start theirs, and its child ready
     pid_file = tmp_path / "child.pid"
     processes = Processes()
@@ -38,12 +38,12 @@ def test_a_process_orphaned_mid_test_is_found_and_the_finaliser_leaves_none(tmp_
     # Execute: kill the parent's group mid-way (the test's SuperLink kill); then the finaliser
     os.killpg(parent.process.pid, 9)
     parent.process.wait()
-    orphaned = leftovers(nothing_outlives_the_test)
+    orphaned = leftovers(process_mark)
     processes.stop_all()
     # Assert: the orphan (now init's child) was found by its mark; afterwards none is left
     assert child in orphaned and parent.process.pid not in orphaned
     assert not _alive(child)
-    assert leftovers(nothing_outlives_the_test) == {}
+    assert leftovers(process_mark) == {}
 
 
 INNER = textwrap.dedent("""

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from simulations._federated import PROJECT_ROOT
+from tests.timeouts import scaled
 
 KEYS = {"algorithm", "epsilon", "clients", "metric_name", "metric", "nonprivate_metric", "diffprivlib_metric",
         "client_epsilon"}
@@ -15,7 +16,7 @@ KEYS = {"algorithm", "epsilon", "clients", "metric_name", "metric", "nonprivate_
 
 def _run(*argv: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "simulations.classic", *argv], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(1200))  # a hang guard
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
