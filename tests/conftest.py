@@ -20,8 +20,8 @@ WORKERS = 2
 CLUSTERS = ("tests/flower/test_deployment.py", "tests/flower/test_ray_cluster.py", "tests/flower/test_cifar_simulation.py",
             "tests/flower/test_flwr_run.py", "tests/flower/test_simulation.py",
             "tests/algorithms/test_classic_command.py::test_federated_across_two_flower_clients")
-"""Tests that start a Ray cluster or a Flower deployment: one at a time, on one worker
-(two at once on 2 cores starve each other's heartbeats); the others fill the second."""
+"""Tests that start a Ray cluster or a Flower deployment (many processes each, mostly
+waiting): one at a time, on one worker; the others fill the second."""
 SESSION = uuid.uuid4().hex[:12]
 _TESTS = itertools.count(1)
 
@@ -42,10 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.nodeid.startswith(CLUSTERS):
-            item.add_marker(pytest.mark.xdist_group("clusters"))
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if item.nodeid.startswith(CLUSTERS):
+                item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 @pytest.fixture(scope="session", autouse=True)
