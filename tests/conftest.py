@@ -86,12 +86,12 @@ def shared_data_dir() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_feature_cache(tmp_path_factory):
+def private_feature_cache(tmp_path_factory, pytestconfig):
     """Tests (and the commands they start, which inherit the environment) cache features
     in a folder of the run's own, never in the user's cache; xdist's workers share it (an
     entry is written atomically, so a reader sees all of it or none)."""
     saved = os.environ.get("FEDPRIV_CACHE_DIR")
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not hasattr(pytestconfig, "workerinput"):  # not an xdist worker
         folder = tmp_path_factory.mktemp("feature-cache")
     else:  # the run's folder, above each worker's own
         folder = tmp_path_factory.getbasetemp().parent / "feature-cache"

@@ -70,11 +70,12 @@ def test_the_session_end_check_fails_a_run_that_leaves_a_process(tmp_path):
     # Prepare: a session whose test leaves a process, and whose module fixture leaves another
     (tmp_path / "test_inner.py").write_text(INNER)
     pids = tmp_path / "pid"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIDS": str(pids)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},  # not an xdist worker's
+           "PYTHONPATH": str(ROOT), "PIDS": str(pids)}
     # Execute: that session under this project's conftest, without xdist (the check's own path)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "-p", "tests.conftest", "test_inner.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=scaled(300))
+                           "-p", "tests.conftest", "--basetemp", str(tmp_path / "inner-tmp"), "test_inner.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
     # Assert: the test's orphan was stopped by its finaliser; the fixture's was caught at the
     # session's end, which failed the run, and stopped
     fixture_pid, test_pid = (int(Path(f"{pids}.{which}").read_text()) for which in ("fixture", "test"))
