@@ -34,9 +34,18 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses, config.option.dist = WORKERS, "loadgroup"
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Tell each worker the controller groups tests (a worker re-reads the command line,
+    which does not say so when the default above chose it)."""
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Mark every process this session starts (see tests/processes.py); Ray's start limit
     scales with the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``)."""
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True
     os.environ[MARK_ENV] = SESSION
     os.environ.setdefault("FEDPRIV_RAY_START_TIMEOUT", f"{scaled(300):g}")
 
