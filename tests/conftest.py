@@ -35,27 +35,25 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """Tell each worker the controller groups tests (a worker re-reads the command line,
-    which does not say so when the default above chose it)."""
-    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the cluster tests as one group, chosen here by node id
+    (xdist's ``xdist_group`` mark renames node ids, which pytest 9.2 ignores)."""
+    if config.option.dist != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ClustersApart(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "clusters" if nodeid.startswith(CLUSTERS) else super()._split_scope(nodeid)
+
+    return ClustersApart(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Mark every process this session starts (see tests/processes.py); Ray's start limit
     scales with the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``)."""
-    if getattr(config, "workerinput", {}).get("loadgroup"):
-        config.option.loadgroup = True
     os.environ[MARK_ENV] = SESSION
     os.environ.setdefault("FEDPRIV_RAY_START_TIMEOUT", f"{scaled(300):g}")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            if item.nodeid.startswith(CLUSTERS):
-                item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 @pytest.fixture(scope="session", autouse=True)
