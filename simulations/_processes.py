@@ -121,7 +121,7 @@ class Processes:
         """Remember every live descendant of the processes started."""
         for started in self.started:
             for pid in descendants(started.process.pid):
-                if (start := _start_time(pid)) is not None:
+                if (start := start_time(pid)) is not None:
                     self.seen.setdefault(pid, start)
 
     def wait(self, started: Started, timeout: float | None = None) -> int:
@@ -129,7 +129,7 @@ class Processes:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := started.process.poll()) is None:
             self.track()
-            if deadline is not None and time.monotonic() > deadline:
+            if timeout is not None and deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(started.process.args, timeout)
             time.sleep(0.5)
         return code
@@ -137,8 +137,11 @@ class Processes:
     def wait_until(self, ready: Callable[[], bool], started: Started, timeout: float, what: str) -> None:
         """Poll ``ready()`` until true; ``ProcessError`` if ``started`` exits or time runs out."""
         deadline = time.monotonic() + timeout
-        while not ready():
-            self.track()
+        while True:
+            is_ready = ready()
+            self.track()  # also once ready: the children it became ready with are kept
+            if is_ready:
+                return
             if started.process.poll() is not None:
                 raise ProcessError(f"{started.name} exited with code {started.process.returncode} before {what}; "
                                    f"log {started.log}:\n{started.tail()}")
@@ -154,16 +157,7 @@ class Processes:
         self.track()
         for started in reversed(self.started):
             self.stop(started)
-        orphans = [pid for pid, start in self.seen.items() if _start_time(pid) == start]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in orphans:
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            deadline = time.monotonic() + 10
-            while any(_alive(pid) for pid in orphans) and time.monotonic() < deadline:
-                time.sleep(0.1)
+        stop_pids(self.seen)
 
     def __enter__(self) -> Processes:
         return self
@@ -187,6 +181,23 @@ def descendants(pid: int) -> list[int]:
         found += children
         todo += children
     return found
+
+
+def stop_pids(seen: Mapping[int, str], timeout: float = 10) -> None:
+    """Stop each ``pid`` of ``seen`` still running since its recorded start time (a reused
+    pid is left alone): SIGTERM, then SIGKILL after ``timeout`` s."""
+    pids = [pid for pid, start in seen.items() if start_time(pid) == start]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not any(_alive(pid) for pid in pids):
+            return
 
 
 def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
@@ -214,7 +225,7 @@ def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
         pass
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks since boot), or ``None`` if it is gone or a zombie."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

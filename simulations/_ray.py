@@ -30,6 +30,9 @@ WORKER_NICENESS_ENV = "RAY_worker_niceness"
 on a machine busy with anything at nice 0 they then get a few percent of a core (the
 quick start's 3 nodes took 49 s to describe themselves at load 6-13). A cluster this
 program starts runs them at 0, like the ServerApp (a value already set is kept)."""
+STARTUP_TIMED_OUT = "The current node timed out during startup"
+"""Ray's error when its raylet took longer than its fixed 30 s to register (a busy machine):
+the start is retried once."""
 
 WATCH_INTERVAL_S = 5.0
 WATCH_MISSES = 3
@@ -45,6 +48,15 @@ def start_timeout() -> float:
     if not value > 0:
         fail(f"${START_TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
     return value
+
+
+def _kill(pids: set[int]) -> None:
+    """SIGKILL to each of ``pids`` (gone ones skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def answers(address: str, timeout: float = 5.0) -> bool:
@@ -63,11 +75,7 @@ def fail(message: str) -> NoReturn:
     from simulations._processes import descendants
 
     print(f"{_prog()}: error: {message}", file=sys.stderr, flush=True)
-    for pid in descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    _kill(set(descendants(os.getpid())))
     os._exit(1)
 
 
@@ -93,13 +101,28 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the raylet ray.init starts
     outcome: dict[str, BaseException] = {}
     started, done = threading.Event(), threading.Event()
+    attempts = [1]  # a retry appends; the main thread gives it a window of its own
+
+    def init() -> None:
+        ray.init(**{"include_dashboard": False, **init_args},
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **env_vars}})
 
     def start() -> None:
         """Start Ray, then stay alive until the run ends: Ray's processes are bound to the
-        thread that started them (they die with it)."""
+        thread that started them (they die with it). A start that timed out is retried once."""
+        from simulations._processes import descendants
+
+        before = set(descendants(os.getpid()))
         try:
-            ray.init(**{"include_dashboard": False, **init_args},
-                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **env_vars}})
+            try:
+                init()
+            except Exception as err:
+                if STARTUP_TIMED_OUT not in str(err):
+                    raise
+                ray.shutdown()
+                _kill(set(descendants(os.getpid())) - before)  # the failed start's processes
+                attempts.append(2)
+                init()
         except BaseException as err:  # reported by the main thread
             outcome["error"] = err
         started.set()
@@ -109,9 +132,11 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     logging.getLogger("ray._private.worker").addFilter(
         lambda record: "SIGTERM handler is not set" not in record.getMessage())
     threading.Thread(target=start, name="ray-start", daemon=True).start()
-    timeout = start_timeout()
-    if not started.wait(timeout):
-        fail(f"Ray did not start within {timeout:g} s (raise ${START_TIMEOUT_ENV} on a slow machine)")
+    timeout, windows = start_timeout(), 0
+    while not started.wait(timeout):
+        windows += 1
+        if windows >= len(attempts):
+            fail(f"Ray did not start within {timeout:g} s (raise ${START_TIMEOUT_ENV} on a slow machine)")
     if "error" in outcome:
         first = (str(outcome["error"]).strip().splitlines() or [type(outcome["error"]).__name__])[0]
         fail(f"Ray failed to start: {first}")

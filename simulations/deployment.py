@@ -183,8 +183,8 @@ class Deployment:
         certs = self.out / "certs"
         return TlsFiles(certs / "ca.pem", certs / "ca.key", certs / "superlink.pem", certs / "superlink.key")
 
-    def start_superlink(self) -> None:
-        """A fresh SuperLink (new database), healthy, with every node's key registered."""
+    def start_superlink(self, timeout: float = 90) -> None:
+        """A fresh SuperLink (new database), healthy within ``timeout`` s, with every node's key registered."""
         from simulations._processes import free_port, healthy, superlink_command, write_flwr_config
 
         folder = self.out / "superlink"
@@ -196,7 +196,7 @@ class Deployment:
         self.superlink = self.processes.start(
             "SuperLink", superlink_command(port, folder / "state.db", self.tls, supernode_auth=True,
                                            host=self.network.superlink_host), self.env, folder / "superlink.log")
-        self.processes.wait_until(lambda: healthy(self.address, self.tls), self.superlink, 90,
+        self.processes.wait_until(lambda: healthy(self.address, self.tls), self.superlink, timeout,
                                   "answer its health check")
         for node in self.nodes:
             self.flwr("supernode", "register", str(node.public_key), FEDERATION)

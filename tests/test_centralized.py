@@ -23,6 +23,7 @@ from fedpriv.training import (
     train_round,
 )
 from simulations import centralized
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"dataset", "model", "accuracy", "epsilon", "delta", "noise_multiplier", "max_grad_norm",
@@ -122,7 +123,7 @@ def test_command_end_to_end(shared_data_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "simulations.centralized", *_cli(shared_data_dir, "--target-epsilon", "2",
                                                                  "--lot-size", "100", "--out", str(out))],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(900),
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())

@@ -31,6 +31,7 @@ from simulations._cli import (
     use_cache_dir,
 )
 from tests.cifar_files import write_cifar10
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 # Generous bounds: Ray alone takes 15 s to start here. A flag refused by its argparse type
@@ -118,7 +119,7 @@ def _run(case: Case, empty: Path) -> Outcome:
     argv = [arg.replace("{empty}", str(empty)) for arg in case.argv]
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", case.module, *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(600))
     return Outcome(done.returncode, done.stdout, done.stderr, time.perf_counter() - start)
 
 

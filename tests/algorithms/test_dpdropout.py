@@ -24,6 +24,7 @@ from fedpriv.algorithms import dpdropout
 from fedpriv.algorithms.dpdropout import GaussianDropout, Settings, network, train
 from fedpriv.dpsgd.engine import clipped_sum_function, gradient_buffers
 from fedpriv.dpsgd.modules import trainable_parameters
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 FEATURES = 6
@@ -140,7 +141,7 @@ def test_settings_are_checked():
 
 def command(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "simulations.dpdropout", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=scaled(600), env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
 
 
 @pytest.mark.parametrize("argv, flag", [

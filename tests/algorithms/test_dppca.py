@@ -37,6 +37,7 @@ from fedpriv.privacy import Budget, PrivacyLedger, dpsgd_event
 from fedpriv.privacy.accountants.rdp import ORDERS
 from fedpriv.seeding import generator
 from tests.conftest import PROJECT_ROOT
+from tests.timeouts import scaled
 
 D = 6
 coordinates = st.floats(-1e3, 1e3, allow_nan=False)
@@ -161,7 +162,7 @@ def test_bad_input_is_a_clear_error(call, message):
 
 def _run_command(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "simulations.dppca", *argv], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=scaled(600))
 
 
 @pytest.mark.parametrize("argv, flag", [

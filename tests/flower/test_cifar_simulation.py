@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.cifar_files import md5_tables, write_cifar10
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def test_cifar_simulation_runs_end_to_end(tmp_path):
         [sys.executable, "-m", "simulations.cifar", "--clients", "2", "--rounds", "1",
          "--lot-size", "20", "--noise-multiplier", "1.0", "--data-dir", str(tmp_path / "data"),
          "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(1200),  # a hang guard
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())

@@ -1,5 +1,7 @@
 """Real deployments on loopback: a SuperLink with TLS and SuperNode authentication, SuperNodes
-as separate processes with their own policies and ledgers; each test stops what it started."""
+as separate processes with their own policies and ledgers; each test stops what it started.
+Each waits for events (a checkpoint, a ledger entry, a process's exit); its limits are
+hang guards (tests/timeouts.py)."""
 
 import json
 import os
@@ -15,8 +17,11 @@ import pytest
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import to_dp_accounting
 from simulations._federated import PROJECT_ROOT
+from simulations._processes import Processes, base_env
 from simulations.deployment import Deployment, NamespaceNetwork, Network, check_netns, freeze_app
 from tests.flower.inprocess import booked
+from tests.processes import describe, leftovers
+from tests.timeouts import scaled, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +35,12 @@ def _rdp_epsilon(ledger: PrivacyLedger, client: str, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-FLOWER = "flower-superlink|flower-supernode|flower-superexec|flwr-serverapp|flwr-clientapp|clients.pinned"
-
-
-def _flower_processes() -> set[str]:
-    """'pid command' of every Flower process on this machine."""
-    done = subprocess.run(["pgrep", "-af", FLOWER], capture_output=True, text=True)
-    return {line for line in done.stdout.splitlines() if "pgrep" not in line}
-
-
-def _leftovers(before: set[str], grace: float = 20) -> set[str]:
-    """Flower processes started since ``before`` and still running after ``grace`` s."""
-    deadline = time.monotonic() + grace
-    while (left := _flower_processes() - before) and time.monotonic() < deadline:
+def _left_running(mark: str, grace: float = 20) -> str:
+    """The processes of this test still running after ``scaled(grace)`` s ("" when none)."""
+    deadline = time.monotonic() + scaled(grace)
+    while (found := leftovers(mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return left
+    return describe(found)
 
 
 def _checkpointed_round(out: Path) -> int:
@@ -57,35 +53,25 @@ def _checkpointed_round(out: Path) -> int:
         return -1
 
 
-def _wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None, f"exited ({process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.1)
-
-
-def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shared_data_dir):
+def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shared_data_dir, process_mark):
     # Prepare: the deployment command, 2 nodes, 2 rounds (TLS, authenticated nodes, pinned app)
     out = tmp_path / "deployment"
     command = [sys.executable, "-m", "simulations.deployment", "--nodes", "2", "--rounds", "2", "--limit-train",
                "600", "--limit-test", "300", "--data-dir", str(shared_data_dir), "--out", str(out)]
-    before = _flower_processes()
-    first = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with Processes() as processes:  # stops the command's group and what it started, whatever happens
+        first = processes.start("deployment", command, base_env(), tmp_path / "first.log", cwd=PROJECT_ROOT)
         # Execute: kill the SuperLink (and the ServerApp it runs) once round 1 is checkpointed
-        _wait_for(lambda: _checkpointed_round(out) >= 1, first, 300, "checkpoint of round 1")
+        wait_for(lambda: _checkpointed_round(out) >= 1, first.process, "checkpoint of round 1", 900)
         superlink = subprocess.run(["pgrep", "-f", f"flower-superlink.*{out}"], capture_output=True, text=True)
         os.killpg(int(superlink.stdout.split()[0]), signal.SIGKILL)
-        assert first.wait(timeout=120) != 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert _leftovers(before) == set()  # the failed command stopped every process it started
-    resumed = subprocess.run([*command, "--resume"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=400)
+        assert processes.wait(first, timeout=scaled(300)) != 0
+        assert _left_running(process_mark) == ""  # the failed command stopped every process it started
+        resumed = processes.start("resumed", [*command, "--resume"], base_env(), tmp_path / "resumed.log",
+                                  cwd=PROJECT_ROOT)
+        code = processes.wait(resumed, timeout=scaled(1200))
     # Assert: the resumed run finished round 2 under the same run key; nothing is left running
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert _leftovers(before) == set()
+    assert code == 0, resumed.tail()
+    assert _left_running(process_mark) == ""
     results = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     assert all(not r["failed"] and not r["rejected"] for r in results["rounds"])
@@ -105,35 +91,35 @@ def test_deployment_command_survives_a_superlink_kill_with_resume(tmp_path, shar
 
 def test_a_killed_supernode_keeps_its_ledger_and_its_budget(tmp_path, shared_data_dir):
     # Prepare: two nodes with ε = 1 each; a run of 2 rounds calibrated to ε = 1 that goes on
-    # with one node and waits 60 s at most for a round's replies (a node killed with SIGKILL
-    # is noticed at its second missed heartbeat, a minute; `kill`'s SIGTERM at once)
+    # with one node (a node stopped with SIGTERM leaves the SuperLink at once, which answers
+    # its messages with an error: the round need not wait out its timeout, a hang guard)
     out = tmp_path / "deployment"
     deployment = Deployment(out, 2, Network())
     deployment.prepare(1.0, 1e-5, freeze_app(out / "app"), shared_data_dir)
     config = {"rounds": 2, "min-clients": 1, "target-epsilon": 1.0, "limit-train": 2000, "limit-test": 200,
-              "local-epochs": 2, "data-dir": str(shared_data_dir), "round-timeout": 60.0}
+              "local-epochs": 2, "data-dir": str(shared_data_dir), "round-timeout": scaled(900)}
     victim = deployment.nodes[1].state / "ledger.json"
 
     def booked_round_2() -> bool:
         return victim.exists() and any(e.endswith("round-2/train") for e in PrivacyLedger.load(victim).entries("1"))
 
     try:
-        deployment.start_superlink()
+        deployment.start_superlink(timeout=scaled(300))
         for i in range(2):
             deployment.start_node(i)
-        deployment.wait_online(2)
+        deployment.wait_online(2, timeout=scaled(300))
         # Execute: kill node 1 once it has booked round 2 (before it can reply), let the run
         # finish, restart the node and start a second run
         run = deployment.start_run(out / "app", {**config, "out": str(out / "run1")})
-        _wait_for(booked_round_2, run.process, 240, "round-2 booking by node 1")
+        wait_for(booked_round_2, run.process, "round-2 booking by node 1", 900)
         deployment.processes.stop(deployment.supernodes[1])  # `kill`: SIGTERM, its group
-        assert deployment.processes.wait(run, timeout=240) == 0, run.tail()
+        assert deployment.processes.wait(run, timeout=scaled(900)) == 0, run.tail()
         booked = PrivacyLedger.load(victim).entries("1")
-        deployment.wait_online(1)  # the SuperLink knows it left; now the node may rejoin
+        deployment.wait_online(1, timeout=scaled(300))  # the SuperLink knows it left; now the node may rejoin
         deployment.start_node(1)
-        deployment.wait_online(2)
+        deployment.wait_online(2, timeout=scaled(300))
         again = deployment.start_run(out / "app", {**config, "rounds": 1, "out": str(out / "run2")})
-        assert deployment.processes.wait(again, timeout=240) == 0, again.tail()
+        assert deployment.processes.wait(again, timeout=scaled(900)) == 0, again.tail()
     finally:
         deployment.close()
     # Assert: round 2 went on without node 1; the restarted node kept its ledger, the round
@@ -159,13 +145,13 @@ def test_a_node_runs_no_code_from_an_altered_app(tmp_path, shared_data_dir):
     with (out / "app" / "clients" / "client_app.py").open("a") as module:
         module.write(f"\nimport pathlib\npathlib.Path({str(mark)!r}).write_text('leaked')\n")
     try:
-        deployment.start_superlink()
+        deployment.start_superlink(timeout=scaled(300))
         deployment.start_node(0)
         # Execute
         run = deployment.start_run(out / "app", {"rounds": 1, "min-clients": 1, "limit-train": 200, "limit-test": 100,
                                                  "data-dir": str(shared_data_dir), "noise-multiplier": 1.0,
                                                  "out": str(out)})
-        code = deployment.processes.wait(run, timeout=300)
+        code = deployment.processes.wait(run, timeout=scaled(900))
     finally:
         deployment.close()
     # Assert: the node refused the bundle before any of its code ran, and booked nothing
@@ -187,10 +173,10 @@ def test_netns_puts_each_supernode_on_its_own_host(tmp_path):
         deployment.prepare(1.0, 1e-5, "0" * 64)
         try:
             # Execute
-            deployment.start_superlink()
+            deployment.start_superlink(timeout=scaled(300))
             for i in range(2):
                 deployment.start_node(i)
-            deployment.wait_online(2)
+            deployment.wait_online(2, timeout=scaled(300))
             namespaces = [subprocess.run(["ip", "netns", "identify", str(node.process.pid)], capture_output=True,
                                          text=True).stdout.strip() for node in deployment.supernodes.values()]
         finally:

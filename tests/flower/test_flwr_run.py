@@ -22,6 +22,7 @@ from simulations._processes import (
     supernode_command,
     write_flwr_config,
 )
+from tests.timeouts import scaled, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,8 @@ def _superlink(tmp_path: Path, simulation: bool, tls: TlsFiles | None = None, su
         started = processes.start("SuperLink", superlink_command(port, home / "state.db", tls, simulation=simulation,
                                                                  supernode_auth=supernode_auth),
                                   env, tmp_path / "superlink.log")
-        processes.wait_until(lambda: healthy(f"127.0.0.1:{port}", tls), started, 60, "answer its health check")
+        processes.wait_until(lambda: healthy(f"127.0.0.1:{port}", tls), started, scaled(300),
+                             "answer its health check")
         yield env, port
 
 
@@ -62,7 +64,7 @@ def test_flwr_run_one_round_two_supernodes(superlink, tmp_path, shared_data_dir)
     done = subprocess.run(
         [BIN / "flwr", "run", ".", "test", "--run-config", run_config,
          "--federation-config", "num-supernodes=2 client-resources-num-cpus=1", "--stream"],
-        cwd=PROJECT_ROOT, env=superlink, capture_output=True, text=True, timeout=240,
+        cwd=PROJECT_ROOT, env=superlink, capture_output=True, text=True, timeout=scaled(900),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -78,7 +80,7 @@ def test_only_registered_supernodes_that_trust_the_ca_join(tmp_path):
     keys = {name: write_node_key(tmp_path / "keys", name) for name in ("registered", "unregistered")}
     with _superlink(tmp_path, simulation=False, tls=tls, supernode_auth=True) as (env, port):
         register = subprocess.run([BIN / "flwr", "supernode", "register", str(keys["registered"][1]), "test"],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
         assert register.returncode == 0, register.stdout + register.stderr
 
         def node(name, key, ca):
@@ -91,10 +93,15 @@ def test_only_registered_supernodes_that_trust_the_ca_join(tmp_path):
         nodes = {"registered": node("registered", keys["registered"][0], tls.ca_cert),
                  "unregistered": node("unregistered", keys["unregistered"][0], tls.ca_cert),
                  "wrong-ca": node("wrong-ca", keys["registered"][0], other_ca.ca_cert)}
-        try:
-            refused = {name: nodes[name].wait(timeout=90) for name in ("unregistered", "wrong-ca")}
+        def online() -> list[dict]:
             listing = subprocess.run([BIN / "flwr", "supernode", "ls", "test", "--format", "json"],
-                                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+                                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
+            return [n for n in json.loads(listing.stdout)["nodes"] if n["status"] == "online"]
+
+        try:
+            refused = {name: nodes[name].wait(timeout=scaled(300)) for name in ("unregistered", "wrong-ca")}
+            wait_for(lambda: len(online()) > 0, nodes["registered"], "registered node online", 300)
+            joined = online()
         finally:
             for process in nodes.values():
                 if process.poll() is None:
@@ -102,5 +109,4 @@ def test_only_registered_supernodes_that_trust_the_ca_join(tmp_path):
     # Assert: both others gave up with an error; only the registered node is online
     assert all(code != 0 for code in refused.values()), refused
     assert "Failed to activate SuperNode" in (tmp_path / "unregistered.log").read_text()
-    online = [n for n in json.loads(listing.stdout)["nodes"] if n["status"] == "online"]
-    assert len(online) == 1, listing.stdout
+    assert len(joined) == 1, joined

@@ -15,6 +15,7 @@ from fedpriv.dpsgd import steps_per_epoch
 from fedpriv.federation import protocol
 from fedpriv.privacy import PrivacyLedger, dpsgd_event
 from simulations._federated import PROJECT_ROOT
+from tests.timeouts import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,9 @@ def _start(args, **env_vars):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(process, timeout=300):
+def _finish(process, timeout=900):
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(timeout=scaled(timeout))  # a hang guard
     finally:
         if process.poll() is None:
             process.kill()

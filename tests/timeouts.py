@@ -1,0 +1,52 @@
+"""Time limits in the tests: hang guards, never the measure of a pass.
+
+A test waits for an event (a process's exit, a checkpoint, a ledger entry, a readiness
+line); a limit only stops one that hangs, so each is generous, and each goes through
+``scaled``: ``FEDPRIV_TEST_TIMEOUT_SCALE=3 python -m pytest`` triples them all on a slow
+or crowded machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+SCALE_ENV = "FEDPRIV_TEST_TIMEOUT_SCALE"
+
+
+class Polled(Protocol):
+    """A process that may end first (``subprocess.Popen``): ``poll()`` is its exit code or None."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
+def scale() -> float:
+    """``$FEDPRIV_TEST_TIMEOUT_SCALE`` (default 1), a finite number > 0."""
+    text = os.environ.get(SCALE_ENV, "1")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"${SCALE_ENV} must be a number > 0, got {text!r}")
+    return value
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times ``scale()``."""
+    return seconds * scale()
+
+
+def wait_for(condition: Callable[[], bool], process: Polled, what: str, seconds: float) -> None:
+    """Poll ``condition`` until true; fail if ``process`` ends first or after ``scaled(seconds)``."""
+    limit = scaled(seconds)
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert process.poll() is None, f"exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit:g} s (${SCALE_ENV} raises it)"
+        time.sleep(0.2)
