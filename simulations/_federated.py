@@ -265,12 +265,12 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
-        warn_seeded()  # this process's one warning; each node process prints its own
         stack.enter_context(node_policy_env(policy, state_dir, args.clients))
         from simulations._spent import nothing_to_spend
 
         if reason := nothing_to_spend(settings, state_dir, args.clients):
             parser.exit(1, f"{parser.prog}: {reason}\n")
+        warn_seeded()  # this process's one warning, once it will run; each node process prints its own
         stack.enter_context(console(out / LOG_FILE))  # Flower's and Ray's notices in the log, not the terminal
         wall = simulate(args.clients, overrides, backend_config(args, settings))
     results_path = out / "results.json"

@@ -55,7 +55,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import AccountantKind, Budget, GaussianEvent
 from fedpriv.privacy.events import DpEvent
@@ -176,11 +175,8 @@ def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.
         if required not in values or values[required] in ("", None):
             raise PolicyError(f"this node has no '{required}' in its privacy policy, so it refuses to "
                               f"train or release anything: {MISSING_HELP}")
-    policy = NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()},
-                        policy_file=policy_file)
-    if policy.randomness is Randomness.SEEDED:
-        warn_seeded()  # once per process: the risk is the operator's to see
-    return policy
+    return NodePolicy(**{_KEYS[k]: _parse(_KEYS[k], v, node_config) for k, v in values.items()},
+                      policy_file=policy_file)
 
 
 def policy_file_text(values: Mapping[str, Any]) -> str:

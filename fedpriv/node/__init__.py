@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedpriv.federation.policy import NodePolicy, load_policy
+from fedpriv.federation.policy import NodePolicy, Randomness, load_policy
+from fedpriv.federation.seeded import warn_seeded
 from fedpriv.files import write_json_atomic
 from fedpriv.privacy import LedgerError
 from fedpriv.privacy.store import LedgerStore
@@ -74,8 +75,11 @@ def check_ledger(policy: NodePolicy) -> None:
 
 
 def checked_policy(node_config: Mapping[str, Any]) -> NodePolicy:
-    """The node's policy (``load_policy``), once ``check_ledger`` has passed: what every handler reads first."""
+    """The node's policy (``load_policy``), once ``check_ledger`` has passed: what every handler
+    reads first. A node that acts under seeded randomness says so, once per process."""
     policy = load_policy(node_config)
+    if policy.randomness is Randomness.SEEDED:
+        warn_seeded()  # the risk is the operator's to see
     check_ledger(policy)
     return policy
 

@@ -1,5 +1,6 @@
-"""Seeded node randomness never runs silently: each process that loads a seeded policy
-prints one warning naming the risk, a secure one prints none, and the simulation's
+"""Seeded node randomness never runs silently: each process in which a node acts under a
+seeded policy (``fedpriv.node.checked_policy``, every handler's first step) prints one
+warning naming the risk, a secure one prints none, and the simulation's
 ``results.json`` and ε summary say which randomness the nodes used."""
 
 import json
@@ -25,10 +26,14 @@ def _stderr_of(program: str) -> str:
 def test_a_seeded_policy_warns_once_per_process_and_a_secure_one_never(tmp_path, randomness):
     seed = ', "seed": 3' if randomness == "seeded" else ""
     stderr = _stderr_of(
-        "from fedpriv.federation.policy import load_policy\n"
+        "from fedpriv.node import checked_policy\n"
+        "from fedpriv.privacy import LedgerError\n"
         f"config = {{'epsilon-budget': 1.0, 'state-dir': {str(tmp_path)!r}, 'randomness': {randomness!r}{seed}}}\n"
         "for pid in range(3):\n"
-        "    load_policy({**config, 'partition-id': pid}, environ={})\n")
+        "    try:\n"
+        "        checked_policy({**config, 'partition-id': pid})\n"
+        "    except LedgerError:\n"
+        "        pass  # never initialised: refused after the warning\n")
     lines = [line for line in stderr.splitlines() if line.startswith("fedpriv warning")]
     if randomness == "secure":
         assert lines == []
