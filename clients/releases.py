@@ -80,6 +80,8 @@ def book(policy: NodePolicy, client: str, charge: Charge, budget: Budget) -> int
         if ledger.has_entry(client, entry):
             raise Refusal(f"client {client} already ran {entry}; a node never answers one entry twice")
         ordinal = len(ledger.entries(client))
+        if ledger.randomness != Randomness.SEEDED:  # seeded sticks: the weakest noise this ledger's ε rests on
+            ledger.randomness = policy.randomness.value
         try:
             ledger.record(client, entry, charge.events, budget=budget)
         except BudgetExceededError as err:

@@ -104,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         except LedgerError as err:
             parser.exit(2, f"{parser.prog}: error: {err}\n")
         if args.json:
-            out: object = {"path": args.path, "accountant": ledger.accountant.value, "clients": rows}
+            out: object = {"path": args.path, "accountant": ledger.accountant.value, "randomness": ledger.randomness,
+                           "clients": rows}
             print(json.dumps(out))
         else:
-            print(f"ledger {args.path} (accountant {ledger.accountant.value})\n{_table(rows)}")
+            noise = "" if ledger.randomness is None else f", node randomness {ledger.randomness}"
+            print(f"ledger {args.path} (accountant {ledger.accountant.value}{noise})\n{_table(rows)}")
         return 0
     base = {"accountant": args.accountant}
     if args.command == "epsilon":

@@ -131,6 +131,7 @@ class PrivacyLedger:
         self.accountant = AccountantKind(accountant)
         self.client_budgets: dict[str, Budget] = dict(client_budgets or {})
         self.ledger_id: str | None = None  # a node's ledger identity (``fedpriv.node``); None: none given
+        self.randomness: str | None = None  # a node's: "seeded" once any booking was; None: not a node's
         self._entries: dict[str, dict[str, tuple[DpEvent, ...]]] = {}
         # ε of all of a client's events, per client and (accountant kind, δ): a value is
         # only ever read back for the kind and δ it was computed at, so changing
@@ -225,11 +226,12 @@ class PrivacyLedger:
 
     # --- persistence ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The versioned JSON form (schema version 2); ``ledger_id`` only where set."""
+        """The versioned JSON form (schema version 2); ``ledger_id`` and ``randomness`` only where set."""
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
             **({"ledger_id": self.ledger_id} if self.ledger_id is not None else {}),
+            **({"randomness": self.randomness} if self.randomness is not None else {}),
             "accountant": self.accountant.value,
             "budget": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
             "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta}
@@ -260,6 +262,10 @@ class PrivacyLedger:
             if ledger_id is not None and not (isinstance(ledger_id, str) and ledger_id):
                 raise ValueError(f"ledger_id must be a non-empty string, got {ledger_id!r}")
             ledger.ledger_id = ledger_id
+            randomness = data.get("randomness")
+            if randomness is not None and randomness not in ("secure", "seeded"):
+                raise ValueError(f"randomness must be 'secure' or 'seeded', got {randomness!r}")
+            ledger.randomness = randomness
             for client, items in data["clients"].items():
                 _check_client(client)
                 keyed = [_read_entry(item, version) for item in items]

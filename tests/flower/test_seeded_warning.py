@@ -60,3 +60,27 @@ def test_a_simulation_warns_and_records_seeded_randomness(tmp_path, shared_data_
     assert len(driver) == 1  # the command's own process; node processes' lines carry Ray's prefix
     assert json.loads((out / "results.json").read_text())["randomness"] == "seeded"
     assert "(node randomness: seeded)" in done.stdout
+
+
+def test_a_nodes_ledger_says_which_randomness_its_epsilon_rests_on(tmp_path, capsys):
+    """``ledger show`` reports the node's randomness; once any release was seeded, the
+    ledger says so for good (its ε then rests partly on seeded noise)."""
+    import math
+
+    from clients.releases import book
+    from fedpriv.federation.policy import load_policy
+    from fedpriv.privacy import Budget, GaussianEvent
+    from fedpriv.privacy.__main__ import main as privacy_command
+    from fedpriv.privacy.charge import Charge
+    from tests.flower.inprocess import initialised
+
+    shown = []
+    for i, policy in enumerate([{"randomness": "secure"}, {"randomness": "seeded", "seed": 3},
+                                {"randomness": "secure"}]):
+        config = initialised({"partition-id": 0, "num-partitions": 1, "state-dir": str(tmp_path / "node"),
+                              "epsilon-budget": math.inf, **policy})
+        book(load_policy(config, environ={}), "0", Charge(f"release-{i}", (GaussianEvent(5.0),)),
+             Budget(math.inf, 1e-5))
+        assert privacy_command(["ledger", "show", str(tmp_path / "node" / "ledger.json")]) == 0
+        shown.append(capsys.readouterr().out.splitlines()[0])
+    assert [line.rsplit("node randomness ", 1)[-1] for line in shown] == ["secure)", "seeded)", "seeded)"]
