@@ -92,8 +92,7 @@ def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
-    # Refusal (the data is missing): nothing booked
-    n = len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
+    n = len(_node_data(settings, context, policy).labels)  # Refusal (the data is missing): nothing booked
     size = released_size(policy, settings, context.node_config, cid, n)
     check_delta(policy.effective_budget(settings).delta, size.value)  # the released N: post-processing
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
@@ -121,7 +120,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
-    num_examples = stored_size(policy, settings, context.node_config, _train_size(settings, context, policy))
+    num_examples = stored_size(policy, settings, context.node_config, len(_node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
     charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
@@ -129,8 +128,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
-        data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
-                          partition_key=policy.partition_key)  # the model's inputs
+        data = _node_data(settings, context, policy, model=plan.model)  # the model's inputs
         report = train_round(
             model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
             client=int(cid), round_=server_round, device=default_device(),
@@ -143,9 +141,12 @@ def train(msg: Message, context: Context) -> RecordDict:
     })
 
 
-def _train_size(settings: RunSettings, context: Context, policy: NodePolicy) -> int:
-    """N of this node's training partition (its exact, private size)."""
-    return len(local_data(settings, context.node_config, policy.data_dir, partition_key=policy.partition_key).labels)
+def _node_data(settings: RunSettings, context: Context, policy: NodePolicy, train: bool = True,
+               model: str | None = None) -> TensorPair:
+    """This node's share of the training (or test) set: ``local_data`` from its policy's
+    ``data-dir``, split by its ``partition-key``."""
+    return local_data(settings, context.node_config, policy.data_dir, train=train, model=model,
+                      partition_key=policy.partition_key)
 
 
 def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
@@ -167,10 +168,9 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     charge = Charge(protocol.evaluate_entry(run_key, server_round), (policy.evaluate_event(),))
     model_name = str(config[protocol.MODEL])
     model = _received_model(msg, model_name, settings.seed)
-    data = local_data(settings, context.node_config, policy.data_dir, train=False, model=model_name,
-                      partition_key=policy.partition_key)  # Refusal first
+    data = _node_data(settings, context, policy, train=False, model=model_name)  # Refusal first
     budget = policy.effective_budget(settings)
-    released = stored_size(policy, settings, context.node_config, _train_size(settings, context, policy))
+    released = stored_size(policy, settings, context.node_config, len(_node_data(settings, context, policy).labels))
     check_delta(budget.delta, released)
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
