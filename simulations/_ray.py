@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fedpriv.environment import number_from_env
 from simulations._project import PROJECT_ROOT
 
 START_TIMEOUT_ENV = "FEDPRIV_RAY_START_TIMEOUT"
@@ -40,14 +41,10 @@ WATCH_MISSES = 3
 
 
 def start_timeout() -> float:
-    text = os.environ.get(START_TIMEOUT_ENV, "120")
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        fail(f"${START_TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+        return number_from_env(START_TIMEOUT_ENV, 120.0, lambda seconds: seconds > 0, "a number of seconds > 0")
+    except ValueError as err:
+        fail(str(err))
 
 
 def _kill(pids: set[int]) -> None:

@@ -9,10 +9,11 @@ or crowded machine.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from fedpriv.environment import number_from_env
 
 SCALE_ENV = "FEDPRIV_TEST_TIMEOUT_SCALE"
 
@@ -27,14 +28,7 @@ class Polled(Protocol):
 
 def scale() -> float:
     """``$FEDPRIV_TEST_TIMEOUT_SCALE`` (default 1), a finite number > 0."""
-    text = os.environ.get(SCALE_ENV, "1")
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"${SCALE_ENV} must be a number > 0, got {text!r}")
-    return value
+    return number_from_env(SCALE_ENV, 1.0, lambda value: 0 < value < math.inf, "a number > 0")
 
 
 def scaled(seconds: float) -> float:

@@ -45,6 +45,7 @@ from fedpriv.dpsgd.config import DPSGDConfig
 from fedpriv.dpsgd.engine import train_dpsgd
 from fedpriv.dpsgd.modules import model_device, trainable_parameters
 from fedpriv.dpsgd.per_example import LossFn
+from fedpriv.environment import number_from_env
 
 PROBE_BATCHES = (2, 4)
 """Micro-batch sizes of the two measured steps (1 is avoided: some ops special-case it)."""
@@ -198,14 +199,7 @@ def cuda_budget(free: int, total: int, reserved: int, allocated: int, share: flo
 
 def gpu_share() -> float:
     """``$FEDPRIV_GPU_SHARE`` as a fraction in (0, 1]; 1 when unset."""
-    text = os.environ.get(GPU_SHARE_ENV, "1")
-    try:
-        share = float(text)
-    except ValueError:
-        share = math.nan
-    if not 0 < share <= 1:
-        raise ValueError(f"${GPU_SHARE_ENV} must be a fraction in (0, 1], got {text!r}")
-    return share
+    return number_from_env(GPU_SHARE_ENV, 1.0, lambda share: 0 < share <= 1, "a fraction in (0, 1]")
 
 
 def gpu_fraction(step_bytes: int, resident_bytes: int, total_bytes: int) -> float:
