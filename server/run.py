@@ -27,7 +27,7 @@ from flwr.supercore import log
 
 from fedpriv.data import load_dataset
 from fedpriv.federation import protocol
-from fedpriv.federation.settings import RunSettings, SettingsError
+from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
 from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.training import evaluate
@@ -51,6 +51,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     """Run ``rounds`` rounds (fewer when budgets run out); write ``out`` when set."""
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
+    if settings.privacy is not PrivacyMode.LOCAL:
+        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local'")
     out = Path(settings.out) if settings.out else None
     state = ServerState(settings.state_dir) if settings.state_dir else None
     ledger = ServerLedger(Budget(epsilon=settings.server_budget, delta=settings.delta),

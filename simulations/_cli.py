@@ -228,6 +228,10 @@ def federated_parser(dataset: str) -> Parser:
                    help="aggregate a round although a sampled client refused, failed or timed out; "
                         "--no-accept-failures keeps the previous model then "
                         f"(default: {'yes' if d['accept-failures'] else 'no'})")
+    p.add_argument("--privacy", choices=["local", "distributed", "user"],
+                   help="local: each node's DP-SGD noises its update; distributed: nodes add integer noise "
+                        "shares under secure aggregation and the server sees only the noisy sum; user: "
+                        f"user-level DP-FedAvg (default: {d['privacy']})")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")

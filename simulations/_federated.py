@@ -58,7 +58,7 @@ _KEYS = (
     "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
-    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures",
+    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""

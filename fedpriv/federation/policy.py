@@ -34,6 +34,14 @@ Keys (kebab-case, as in ``--node-config``):
   CIFAR-10: training and evaluation) and by the classic app's ``dppca`` kinds; default
   ``~/.cache/fedpriv``. A folder named in a request or the run config is never read, and
   nothing is downloaded: which data a node holds is its own.
+- ``allow-distributed`` (default false): take part in distributed-DP rounds
+  (``privacy = "distributed"``): the node adds a share of integer noise to its contribution
+  and sends it only through secure aggregation. ``min-cohort`` (default 2) is the fewest
+  nodes it will aggregate with, ``max-dropouts`` and ``max-colluders`` (default 0 each) how
+  many of them may drop out after masking or collude with the server. The node sizes its
+  noise share so that the ``min-cohort − max-dropouts − max-colluders`` honest survivors
+  it is guaranteed already carry the whole noise, and books that worst case
+  (``honest_shares``), whatever cohort the server claims.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
@@ -103,6 +111,10 @@ class NodePolicy:
     trusted_apps: tuple[str, ...] = ()
     data_dir: Path | None = None
     partition_key: int = 0
+    allow_distributed: bool = False
+    min_cohort: int = 2
+    max_dropouts: int = 0
+    max_colluders: int = 0
     policy_file: Path | None = field(default=None, compare=False)
     """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
 
@@ -115,6 +127,11 @@ class NodePolicy:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise PolicyError(f"{name.replace('_', '-')} must be finite and > 0, got {value!r}")
+        if self.min_cohort < 1 or self.max_dropouts < 0 or self.max_colluders < 0:
+            raise PolicyError("min-cohort must be >= 1 and max-dropouts, max-colluders >= 0")
+        if self.honest_shares < 1:
+            raise PolicyError(f"min-cohort ({self.min_cohort}) must exceed max-dropouts + max-colluders "
+                              f"({self.max_dropouts} + {self.max_colluders}): no honest survivor would be left")
         if (self.randomness is Randomness.SEEDED) != (self.seed is not None):
             raise PolicyError("randomness = 'seeded' needs a seed, and a seed needs randomness = 'seeded'")
 
@@ -127,6 +144,17 @@ class NodePolicy:
         """The budget for a run's checks: the node's, tightened (never loosened) by the run."""
         epsilon = min(self.epsilon_budget, settings.client_epsilon_budget or math.inf)
         return Budget(epsilon=epsilon, delta=min(self.delta, settings.delta))
+
+    @property
+    def honest_shares(self) -> int:
+        """Noise shares a distributed round is guaranteed to hold: the honest survivors of the
+        smallest cohort this node aggregates with."""
+        return self.min_cohort - self.max_dropouts - self.max_colluders
+
+    @property
+    def min_survivors(self) -> int:
+        """Fewest survivors this node lets a distributed round unmask."""
+        return self.min_cohort - self.max_dropouts
 
     @property
     def ledger_path(self) -> Path:
@@ -205,13 +233,13 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
             return AccountantKind(value)
         if name == "trusted_apps":
             return _digests(value)
-        if name in ("public_num_examples", "allow_evaluate"):
+        if name in ("public_num_examples", "allow_evaluate", "allow_distributed"):
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
             if not isinstance(value, bool):
                 raise TypeError
             return value
-        if name in ("seed", "partition_key"):
+        if name in ("seed", "partition_key", "min_cohort", "max_dropouts", "max_colluders"):
             if isinstance(value, bool) or int(value) != float(value):
                 raise TypeError
             return int(value)

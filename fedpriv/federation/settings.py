@@ -22,6 +22,20 @@ from typing import Any
 from fedpriv.training import LRSchedule
 
 
+class PrivacyMode(StrEnum):
+    """Whose noise protects what (``docs/distributed.md``, ``docs/user-level.md``).
+
+    - ``local``: record-level DP-SGD on each node; every update leaves noised (the default).
+    - ``distributed``: record-level DP-SGD on the union; each node adds a share of integer
+      noise under secure aggregation, the server sees only the noisy sum.
+    - ``user``: user-level DP-FedAvg: whole clients protected (central or distributed noise).
+    """
+
+    LOCAL = "local"
+    DISTRIBUTED = "distributed"
+    USER = "user"
+
+
 class Partition(StrEnum):
     """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
@@ -70,6 +84,7 @@ class RunSettings:
     resume: bool = False
     round_timeout: float = 3600.0
     accept_failures: bool = True
+    privacy: PrivacyMode = PrivacyMode.LOCAL
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -132,6 +147,8 @@ def _parse(field: str, value: Any) -> Any:
     try:
         if field == "partition":
             return Partition(value)
+        if field == "privacy":
+            return PrivacyMode(value)
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
         if field in ("data_dir", "out", "state_dir"):
