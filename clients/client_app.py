@@ -13,10 +13,11 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import task
+from clients import distributed, task
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from fedpriv.federation import protocol
+from fedpriv.secagg.stages import RECORD_KEY
 
 # dp-accounting logs every RDP order it skips; harmless, and it floods the run log. absl
 # also gives the root logger a handler, which would print Flower's lines twice.
@@ -53,8 +54,10 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Book the round in the node's ledger, then train locally with DP-SGD; or refuse."""
-    return answer(task.train, msg, context)
+    """Book the round in the node's ledger, then train locally with DP-SGD; or, in a
+    distributed round (secure aggregation's stages), ``clients.distributed``; or refuse."""
+    handler = distributed.train if RECORD_KEY in msg.content.config_records else task.train
+    return answer(handler, msg, context)
 
 
 @app.evaluate()

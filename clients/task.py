@@ -92,7 +92,7 @@ def describe(context: Context) -> RecordDict:
     """The QUERY reply: client id, released N (booked first), what an evaluation costs."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     cid = client_id(context.node_config)
-    n = len(_node_data(settings, context, policy).labels)  # Refusal (the data is missing): nothing booked
+    n = len(node_data(settings, context, policy).labels)  # Refusal (the data is missing): nothing booked
     size = released_size(policy, settings, context.node_config, cid, n)
     check_delta(policy.effective_budget(settings).delta, size.value)  # the released N: post-processing
     evaluate_events = (policy.evaluate_event(),) if policy.allow_evaluate else ()
@@ -103,7 +103,7 @@ def describe(context: Context) -> RecordDict:
     })
 
 
-def _received_model(msg: Message, name: str, seed: int) -> torch.nn.Module:
+def received_model(msg: Message, name: str, seed: int) -> torch.nn.Module:
     """The model the server sent, loaded strictly into ``name``'s architecture."""
     model = build_model(name, seed)
     try:
@@ -120,17 +120,17 @@ def train(msg: Message, context: Context) -> RecordDict:
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
-    num_examples = stored_size(policy, settings, context.node_config, len(_node_data(settings, context, policy).labels))
+    num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
     charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
     charge.require_same(round_spend(plan, num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
-    model = _received_model(msg, plan.model, settings.seed)  # checked before anything is booked
+    model = received_model(msg, plan.model, settings.seed)  # checked before anything is booked
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
-        data = _node_data(settings, context, policy, model=plan.model)  # the model's inputs
+        data = node_data(settings, context, policy, model=plan.model)  # the model's inputs
         report = train_round(
-            model, data.features, data.labels, plan, seed=_training_seed(policy, context.run_id, ordinal),
+            model, data.features, data.labels, plan, seed=training_seed(policy, context.run_id, ordinal),
             client=int(cid), round_=server_round, device=default_device(),
             secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
         )
@@ -141,7 +141,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     })
 
 
-def _node_data(settings: RunSettings, context: Context, policy: NodePolicy, train: bool = True,
+def node_data(settings: RunSettings, context: Context, policy: NodePolicy, train: bool = True,
                model: str | None = None) -> TensorPair:
     """This node's share of the training (or test) set: ``local_data`` from its policy's
     ``data-dir``, split by its ``partition-key``."""
@@ -149,11 +149,11 @@ def _node_data(settings: RunSettings, context: Context, policy: NodePolicy, trai
                       partition_key=policy.partition_key)
 
 
-def _training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
+def training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
     """Seed of one training's lots and noise; unused (0) where they come from the CSPRNG."""
     if policy.randomness is Randomness.SECURE:
         return 0
-    return seeded_training_seed(policy.seed or 0, run_id, ordinal)
+    return seededtraining_seed(policy.seed or 0, run_id, ordinal)
 
 
 def evaluate(msg: Message, context: Context) -> RecordDict:
@@ -167,10 +167,10 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     run_key, server_round = protocol.read_round(config)
     charge = Charge(protocol.evaluate_entry(run_key, server_round), (policy.evaluate_event(),))
     model_name = str(config[protocol.MODEL])
-    model = _received_model(msg, model_name, settings.seed)
-    data = _node_data(settings, context, policy, train=False, model=model_name)  # Refusal first
+    model = received_model(msg, model_name, settings.seed)
+    data = node_data(settings, context, policy, train=False, model=model_name)  # Refusal first
     budget = policy.effective_budget(settings)
-    released = stored_size(policy, settings, context.node_config, len(_node_data(settings, context, policy).labels))
+    released = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     check_delta(budget.delta, released)
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):

@@ -53,6 +53,7 @@ class RoundLog:
     test_loss: float | None = None
     federated_evaluation: dict[str, Any] = field(default_factory=dict)
     discarded: str | None = None  # why no update was aggregated although some passed (accept-failures)
+    survivors: list[str] | None = None  # distributed mode: whose contributions the secure sum holds
 
 
 @dataclass

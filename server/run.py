@@ -12,6 +12,7 @@ booked under the same entries, so nothing is counted twice.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,12 +33,14 @@ from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.training import evaluate
 from server.assign import Assigner, Assignment
+from server import distributed
 from server.discovery import ClientInfo, describe_nodes, discover
 from server.exchange import send_and_receive
 from server.history import History, by_client, epsilon_summary
 from server.ledger import ServerLedger
 from server.progress import Progress
 from server.state import Checkpoint, ServerState
+from server.distributed import DistributedFedAvg
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 LATE_NODE_TIMEOUT_S = 120.0
@@ -51,8 +54,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     """Run ``rounds`` rounds (fewer when budgets run out); write ``out`` when set."""
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
-    if settings.privacy is not PrivacyMode.LOCAL:
-        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local'")
+    if settings.privacy is PrivacyMode.USER:
+        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local' or 'distributed'")
     out = Path(settings.out) if settings.out else None
     state = ServerState(settings.state_dir) if settings.state_dir else None
     ledger = ServerLedger(Budget(epsilon=settings.server_budget, delta=settings.delta),
@@ -62,7 +65,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     discovered = discover(grid, min_nodes=settings.min_clients)
     discovery_seconds = time.perf_counter() - start
     book_releases(ledger, discovered.values())
-    assigner = Assigner(settings, discovered)
+    # distributed: σ is calibrated once for the cohort (server.distributed.setup), not per client
+    assigner = Assigner(dataclasses.replace(settings, target_epsilon=None)
+                        if settings.privacy is PrivacyMode.DISTRIBUTED else settings, discovered)
 
     def admit(g: Grid, node_ids: list[int]) -> dict[int, Assignment]:
         found = describe_nodes(g, node_ids, LATE_NODE_TIMEOUT_S)
@@ -73,11 +78,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model = build_model(model_name, settings.seed)
     history, run_key, first, arrays = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
-    strategy = BudgetedFedAvg(
-        ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
-        fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,
-        accept_failures=settings.accept_failures,
-    )
+    options = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
+                   seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
+    strategy: BudgetedFedAvg
+    if settings.privacy is PrivacyMode.DISTRIBUTED:
+        nodes = assigner(discovered)
+        strategy = DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, assigner.plan, nodes),
+                                     build_model(model_name, settings.seed), **options)
+    else:
+        strategy = BudgetedFedAvg(ledger, assigner(discovered), history, run_key, **options)  # type: ignore[arg-type]
     evaluate_fn = _central_evaluation(settings, history, model_name, model)
     with Progress(settings.rounds, done=first - 1) as progress:
         if first == 1:
@@ -109,6 +118,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     history.spent = {a.client_id: spent.spent(a.client_id) for a in strategy.nodes.values()}
     history.model_sha256 = model_sha256(model)
     history.resolved = resolved(ledger, assigner, strategy.nodes.values())
+    if isinstance(strategy, DistributedFedAvg):
+        history.resolved |= strategy.distributed.resolved()
     history.wall_time_s = time.perf_counter() - start
     log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:
@@ -142,9 +153,12 @@ def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: Arra
            timeout: float) -> ArrayRecord:
     """One round of training (and federated evaluation where asked); the new global model.
     Replies later than ``timeout`` seconds are not waited for: that node failed the round."""
-    replies = send_and_receive(grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid), timeout)
-    aggregated, _ = strategy.aggregate_train(server_round, replies)
-    arrays = arrays if aggregated is None else aggregated
+    if isinstance(strategy, DistributedFedAvg):
+        arrays = strategy.run_round(grid, server_round, arrays, timeout)
+    else:
+        replies = send_and_receive(grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid), timeout)
+        aggregated, _ = strategy.aggregate_train(server_round, replies)
+        arrays = arrays if aggregated is None else aggregated
     messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord({protocol.MODEL: model_name}), grid)
     if messages:
         strategy.aggregate_evaluate(server_round, send_and_receive(grid, messages, timeout))

@@ -39,6 +39,7 @@ from flwr.supercore import log
 
 from fedpriv.federation import protocol
 from fedpriv.privacy import LedgerError, PrivacyLedger
+from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import derive_seed
 from server.assign import Assignment
 from server.checks import check_evaluate_reply, check_train_reply, update_norm_bound
@@ -115,11 +116,15 @@ class BudgetedFedAvg(FedAvg):
         same history share one accountant call (RDP at large q takes ~0.5 s)."""
         if ledger.has_entry(a.client_id, entry):
             return True
-        events = a.evaluate_events if evaluate else a.events
+        events = self.round_charge(a, entry, evaluate).events
         key = (ledger.events(a.client_id), events, ledger.budget_for(a.client_id))
         if key not in self._afford:
             self._afford[key] = ledger.can_afford(a.client_id, events)
         return self._afford[key]
+
+    def round_charge(self, assignment: Assignment, entry: str, evaluate: bool = False) -> Charge:
+        """What ``entry`` costs ``assignment``'s client: what is booked before it is sent."""
+        return assignment.charge(entry, evaluate)
 
     def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
         """Sample affordable online nodes and book their entries before anything is sent."""
@@ -137,7 +142,7 @@ class BudgetedFedAvg(FedAvg):
             booked = []
             for node in sorted(rng.sample(eligible, size), key=lambda n: self.nodes[n].client_id):
                 assignment = self.nodes[node]
-                charge = assignment.charge(entry, evaluate)
+                charge = self.round_charge(assignment, entry, evaluate)
                 try:
                     ledger.record(assignment.client_id, charge.entry, charge.events)
                 except LedgerError as err:  # a resumed round booked with other events

@@ -141,13 +141,16 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
-                          num_examples_noise: float | None = None) -> dict[str, Any]:
+                          num_examples_noise: float | None = None, clients: int = 1) -> dict[str, Any]:
     """The policy of every simulated node (``fedpriv.federation.policy`` keys); no budget
     means an explicitly unlimited one (the simulation's choice as the nodes' operator). The
     nodes read their data from the command's ``--data-dir`` (the run config's ``data-dir``,
     made absolute: Ray workers' cwd differs), else from their default cache folder, as the
-    server does."""
+    server does. In a distributed run every node aggregates only with all ``clients``
+    nodes (min-cohort), tolerating no dropout or collusion: its share is 1/K of the noise."""
     data_dir = {"data-dir": str(Path(run_config["data-dir"]).resolve())} if run_config.get("data-dir") else {}
+    distributed = {"allow-distributed": True, "min-cohort": clients} if run_config.get("privacy") == "distributed" \
+        else {}
     return {
         "epsilon-budget": epsilon_budget or math.inf,
         "delta": float(run_config["delta"]),
@@ -158,6 +161,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "public-num-examples": num_examples_noise is None,
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
+        **distributed,
         **data_dir,
     }
 
@@ -264,7 +268,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
-        policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise)
+        policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise, args.clients)
         stack.enter_context(node_policy_env(policy, state_dir, args.clients))
         from simulations._spent import nothing_to_spend
 
@@ -273,12 +277,17 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         warn_seeded()  # this process's one warning, once it will run; each node process prints its own
         stack.enter_context(console(out / LOG_FILE))  # Flower's and Ray's notices in the log, not the terminal
         wall = simulate(args.clients, overrides, backend_config(args, settings))
+        from simulations._spent import node_epsilon
+
+        node_spent = node_epsilon(state_dir, args.clients, settings.delta)
     results_path = out / "results.json"
     if not results_path.exists():
         raise SystemExit(f"the ServerApp wrote no {results_path}: see the log above and {out / LOG_FILE}")
     results = json.loads(results_path.read_text())
     results["simulation_wall_time_s"] = wall
     results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
+    results["privacy"] = settings.privacy.value
+    results["node_epsilon"] = node_spent  # by each node's own ledger: the guarantee
     write_json_atomic(results_path, results)
     from simulations._plots import plot_results
 

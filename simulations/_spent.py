@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedpriv.federation.policy import NodePolicy, load_policy
-from fedpriv.federation.settings import RunSettings
+from fedpriv.federation.settings import PrivacyMode, RunSettings
 from fedpriv.privacy import AccountantKind, Budget, PrivacyLedger
 from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.store import LedgerStore
@@ -47,6 +47,8 @@ def nothing_to_spend(settings: RunSettings, state_dir: Path, clients: int) -> st
     server_path = state_dir / "ledger.json"
     configs = [{"partition-id": i, "num-partitions": clients} for i in range(clients)]
     policies = [load_policy(config) for config in configs]
+    if settings.privacy is not PrivacyMode.LOCAL:  # its events are the run's to compute (server.distributed)
+        return None
     if settings.resume or not any(_holds_entries(path) for path in (server_path, *(p.ledger_path for p in policies))):
         return None
     if not all(p.public_num_examples for p in policies):
@@ -108,3 +110,13 @@ def _holds_entries(path: Path) -> bool:
     """Has anything been booked in the ledger at ``path`` (a fresh node's initialised ledger
     holds none)?"""
     return path.exists() and bool(PrivacyLedger.load(path).clients())
+
+
+def node_epsilon(state_dir: Path, clients: int, delta: float) -> dict[str, float]:
+    """Each simulated client's ε at ``delta`` by its node's own ledger (the guarantee; the
+    server's ledger holds only what it booked). The nodes' policy is ``$FEDPRIV_NODE_POLICY``'s."""
+    spent = {}
+    for i in range(clients):
+        policy = load_policy({"partition-id": i, "num-partitions": clients})
+        spent[str(i)] = LedgerStore(policy.ledger_path).read(budget=policy.budget).spent_at(str(i), delta)
+    return spent

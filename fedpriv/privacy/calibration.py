@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fedpriv.privacy._search import bisect
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
@@ -48,10 +48,13 @@ def calibrate_noise_multiplier(
     steps: int,
     accountant: AccountantKind | str = AccountantKind.RDP,
     prior_events: Sequence[DpEvent] = (),
+    event: Callable[[float], DpEvent] | None = None,
 ) -> float:
     """Smallest σ, rounded up to 3 significant digits, with
     ε(dpsgd_event(σ, sample_rate, steps), delta) <= target_epsilon under ``accountant``;
-    with ``prior_events`` (e.g. a released count), ε of those composed with the training."""
+    with ``prior_events`` (e.g. a released count), ε of those composed with the training.
+    ``event`` (σ → the whole training's event, non-increasing ε in σ) replaces
+    ``dpsgd_event(σ, sample_rate, steps)`` for another mechanism (distributed DP-SGD)."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
     check_delta(delta)
@@ -65,9 +68,11 @@ def calibrate_noise_multiplier(
     if prior and epsilon_of(ComposedEvent(prior), delta, kind) >= target_epsilon:
         raise ValueError(f"the prior events alone spend epsilon >= {target_epsilon}: no noise multiplier reaches it")
 
+    training = event or (lambda sigma: dpsgd_event(sigma, sample_rate, steps))
+
     def ok(sigma: float) -> bool:
-        event = dpsgd_event(sigma, sample_rate, steps)
-        return _epsilon(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
+        spent = training(sigma)
+        return _epsilon(ComposedEvent((*prior, spent)) if prior else spent, delta, kind) <= target_epsilon
 
     lo, hi = 0.5, 1.0
     while not ok(hi):

@@ -1,0 +1,145 @@
+"""Local vs distributed vs centralized DP-SGD on MNIST at the same ε and the same steps.
+
+``python -m benchmarks.distributed --clients 1 10 100 --target-epsilon 2 [--limit-train n]
+[--data-dir D] [--partition iid|dirichlet --alpha A] --out F.json [--plot P.png]``
+
+- centralized: ``simulations.centralized`` for E epochs of steps_per_epoch(q) steps each;
+- local: ``simulations.mnist --privacy local --clients K --rounds E`` (each round one local
+  epoch at the shared q: the same number of steps, every update noised on its node);
+- distributed: ``simulations.mnist --privacy distributed --clients K --rounds E·steps_per_epoch(q)``
+  (one step per round on the union; the noise shares sum to the centralized σ).
+
+Each point is one command in its own process (its own Ray), all with the same seed, δ,
+plan and target ε; σ is each mode's own calibration (distributed mode's accounting of the
+discrete mechanism is a looser bound than the Gaussian's, so its σ is a little larger).
+Writes ``{"points": [{"mode", "clients", "accuracy", "epsilon", "noise_multiplier",
+"steps", "seconds"}, ...]}``; the centralized point has clients 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedpriv.dpsgd.config import steps_per_epoch
+from fedpriv.training import default_epochs, default_plan
+from simulations._cli import Parser, at_least, positive
+
+DATASET = "mnist"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m benchmarks.distributed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=at_least(1), nargs="+", default=[1, 10, 100])
+    p.add_argument("--target-epsilon", type=positive, default=2.0)
+    p.add_argument("--delta", type=positive, default=1e-5)
+    p.add_argument("--epochs", type=at_least(1), help="default: the data set's for the target ε")
+    p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples (default: all)")
+    p.add_argument("--partition", choices=["iid", "dirichlet"], default="iid")
+    p.add_argument("--alpha", type=positive, default=0.5)
+    p.add_argument("--modes", nargs="+", choices=["centralized", "local", "distributed"],
+                   default=["centralized", "local", "distributed"])
+    p.add_argument("--data-dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="JSON results")
+    p.add_argument("--plot", help="PNG: accuracy against clients, one line per mode")
+    return p
+
+
+def _run(command: list[str]) -> tuple[dict[str, Any], float]:
+    """(results.json of a simulation, or the centralized JSON; wall seconds)."""
+    start = time.perf_counter()
+    print("$", " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - start
+    out = Path(command[command.index("--out") + 1])
+    return json.loads((out / "results.json" if out.is_dir() else out).read_text()), seconds
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    plan = default_plan(DATASET)
+    epochs = args.epochs or default_epochs(DATASET, args.target_epsilon)
+    common = ["--target-epsilon", str(args.target_epsilon), "--delta", str(args.delta), "--seed", str(args.seed)]
+    common += ["--data-dir", args.data_dir] if args.data_dir else []
+    common += ["--limit-train", str(args.limit_train)] if args.limit_train else []
+    points = []
+    with tempfile.TemporaryDirectory(prefix="fedpriv-distributed-") as tmp:
+        if "centralized" in args.modes:
+            out = str(Path(tmp) / "centralized.json")
+            result, seconds = _run([sys.executable, "-m", "simulations.centralized", *common,
+                                    "--epochs", str(epochs), "--out", out])
+            points.append({"mode": "centralized", "clients": 1, "accuracy": result["accuracy"],
+                           "epsilon": result["epsilon"], "noise_multiplier": result["noise_multiplier"],
+                           "steps": result["steps"], "seconds": seconds})
+        for clients in args.clients:
+            for mode in (m for m in ("local", "distributed") if m in args.modes):
+                out = str(Path(tmp) / f"{mode}-{clients}")
+                partition = ["--partition", args.partition] + (
+                    ["--alpha", str(args.alpha)] if args.partition == "dirichlet" else [])
+                n = args.limit_train or 60_000
+                steps = epochs * steps_per_epoch(min(1.0, plan.lot_size / n))
+                rounds = epochs if mode == "local" else steps
+                result, seconds = _run([sys.executable, "-m", "simulations.mnist", *common, *partition,
+                                        "--privacy", mode, "--clients", str(clients), "--rounds", str(rounds),
+                                        "--fraction-evaluate", "0", "--out", out])
+                resolved = result["resolved"]
+                sigma = resolved.get("noise_multiplier") or next(iter(resolved["clients"].values()))["noise_multiplier"]
+                points.append({"mode": mode, "clients": clients, "accuracy": result["final_accuracy"],
+                               "epsilon": max(result["node_epsilon"].values()), "noise_multiplier": sigma,
+                               "steps": steps, "seconds": seconds, "rounds": len(result["rounds"])})
+                print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+    report = {"target_epsilon": args.target_epsilon, "delta": args.delta, "epochs": epochs,
+              "limit_train": args.limit_train, "partition": args.partition,
+              "alpha": args.alpha if args.partition == "dirichlet" else None, "points": points}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(table(points))
+    if args.plot:
+        plot(report, Path(args.plot))
+    return report
+
+
+def table(points: list[dict[str, Any]]) -> str:
+    """One line per point: mode, clients, accuracy, ε, σ, steps, seconds."""
+    lines = [f"{'mode':<12}{'clients':>8}{'accuracy':>10}{'epsilon':>9}{'sigma':>8}{'steps':>7}{'seconds':>9}"]
+    for p in points:
+        lines.append(f"{p['mode']:<12}{p['clients']:>8}{100 * p['accuracy']:>9.2f}%{p['epsilon']:>9.3f}"
+                     f"{p['noise_multiplier']:>8.3f}{p['steps']:>7}{p['seconds']:>9.1f}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against the number of clients: local and distributed, the centralized line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for mode, style in (("local", "o-"), ("distributed", "s-")):
+        pts = sorted((p["clients"], 100 * p["accuracy"]) for p in report["points"] if p["mode"] == mode)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=f"{mode} DP")
+    for p in report["points"]:
+        if p["mode"] == "centralized":
+            ax.axhline(100 * p["accuracy"], color="grey", linestyle="--", label="centralized")
+    ax.set_xscale("log")
+    ax.set_xlabel("clients")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"MNIST, ε = {report['target_epsilon']:g}, same steps")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""A node's part in a distributed-DP round (``privacy = "distributed"``).
+
+The node takes part only where its policy allows it (``allow-distributed``). Secure
+aggregation (``clients.secure_sum``) runs the protocol and checks what the server claims
+about the cohort against the node's own ``min-cohort``, ``max-dropouts`` and
+``max-colluders``. When its masked vector is due, ``contribute`` books and computes it:
+
+- the noise share is sized for the node's own worst case, ``policy.honest_shares`` honest
+  survivors (never the server's K): each share has std σ·C·scale/√n, so that n of them
+  alone carry the round's σ;
+- the charge, ``distributed_dpsgd_event(share, n, Δ₂, d, q, 1)``, is booked in the node's
+  durable ledger before anything is computed; the same budget and δ checks as local
+  training apply;
+- the vector: the node's Poisson lot, each example's gradient clipped to C, rounded onto
+  the lattice, summed, plus the noise share, mod 2^bits (``fedpriv.distributed``).
+
+Every value in the message (plan, q, lattice scale, modulus) is untrusted: what the node
+does with it is what it books, and values outside their sane ranges are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message, RecordDict
+
+from clients.delta import check_delta
+from clients.failures import after_booking
+from clients.releases import book, stored_size
+from clients.secure_sum import answer_stage
+from clients.task import client_id, node_data, received_model, training_seed
+from fedpriv.distributed.contribution import distributed_contribution
+from fedpriv.distributed.lattice import Lattice
+from fedpriv.federation import protocol
+from fedpriv.federation.policy import NodePolicy, Randomness
+from fedpriv.federation.settings import RunSettings
+from fedpriv.node import checked_policy
+from fedpriv.privacy import distributed_dpsgd_event
+from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.events import check_sample_rate
+from fedpriv.secagg.node import Requirements, StageInfo
+from fedpriv.seeding import derive_seed, generator
+
+MAX_SCALE = 2.0**24
+"""Largest lattice scale a node accepts: beyond it a clipped sum no longer fits 32 bits."""
+
+
+def requirements(policy: NodePolicy) -> Requirements:
+    """What the node's policy demands of a secure aggregation's cohort."""
+    return Requirements(min_cohort=policy.min_cohort, min_survivors=policy.min_survivors,
+                        max_colluders=policy.max_colluders)
+
+
+def train(msg: Message, context: Context) -> RecordDict:
+    """One stage of a distributed round; refused unless the node's policy allows it."""
+    policy = checked_policy(context.node_config)
+    if not policy.allow_distributed:
+        raise protocol.ProtocolError("this node's policy does not allow distributed rounds (allow-distributed = false)")
+    return answer_stage(msg, context, requirements(policy), contribute)
+
+
+def read_round_config(config: Any) -> tuple[float, float]:
+    """(q, lattice scale) from a round's config, checked: q one the samplers draw
+    faithfully, a finite power-of-two scale in [1, MAX_SCALE], a modulus of 32 bits."""
+    try:
+        q, scale, bits = config[protocol.SAMPLE_RATE], config[protocol.LATTICE_SCALE], config[protocol.MODULUS_BITS]
+    except KeyError as err:
+        raise protocol.ProtocolError(f"distributed config lacks {err}") from None
+    q = check_sample_rate(q, "sample-rate", protocol.ProtocolError)
+    if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+            or not 1 <= scale <= MAX_SCALE or math.log2(scale) != int(math.log2(scale))):
+        raise protocol.ProtocolError(f"lattice-scale must be a power of 2 in [1, 2^24], got {scale!r}")
+    if bits != 32 or isinstance(bits, bool):
+        raise protocol.ProtocolError(f"modulus-bits must be 32, got {bits!r}")
+    return float(q), float(scale)
+
+
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
+    """Book the round in the node's ledger, then compute its vector (``None`` never: a
+    failure after booking leaves as a fixed text)."""
+    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
+    cid = client_id(context.node_config)
+    config = msg.content.config_records[protocol.CONFIG]
+    plan = protocol.read_plan(config)
+    run_key, server_round = protocol.read_round(config)
+    model = received_model(msg, plan.model, settings.seed)
+    dimension = sum(p.numel() for p in model.parameters())
+    q, scale = read_round_config(config)
+    lattice = Lattice(scale, plan.max_grad_norm, dimension)
+    num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
+    budget = policy.effective_budget(settings)
+    check_delta(budget.delta, num_examples)
+    shares = policy.honest_shares
+    share_stddev = lattice.noise_stddev(plan.noise_multiplier, shares)
+    charge = Charge(protocol.train_entry(run_key, server_round),
+                    (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, dimension, q, 1),))
+    ordinal = book(policy, cid, charge, budget)
+    with after_booking(charge.entry):
+        data = node_data(settings, context, policy, model=plan.model)
+        secure = policy.randomness is Randomness.SECURE
+        seed = training_seed(policy, context.run_id, ordinal)
+        contribution = distributed_contribution(
+            model, data.features, data.labels, sample_rate=q, lattice=lattice,
+            noise_multiplier=plan.noise_multiplier, honest_shares=shares, secure=secure,
+            sampling_generator=None if secure else generator(seed, "sampling", int(cid), server_round),
+            rounding_generator=None if secure else generator(seed, "rounding", int(cid), server_round),
+            noise_generator=None if secure else np.random.default_rng(derive_seed(seed, "noise", int(cid),
+                                                                                  server_round)),
+        )
+    return contribution.vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})

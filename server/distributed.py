@@ -1,0 +1,184 @@
+"""Distributed DP rounds (``privacy = "distributed"``): each round is one DP-SGD step on the
+union of the cohort's data, and the server sees only the noisy sum.
+
+Each sampled node draws its own Poisson lot at the shared rate q, clips and rounds each
+example's gradient onto the integer lattice, adds its share of discrete Gaussian noise and
+sends the result through secure aggregation (``server.secure_sum``). The server decodes
+the modular sum, divides it by the public expected lot q·ΣN (the survivors' released N)
+and steps its optimizer, exactly as ``simulations.centralized`` steps on the union: the
+same σ, C, lot, LR schedule and momentum (a fresh optimizer each epoch of
+``steps_per_epoch(q)`` rounds).
+
+The server's ledger books the *nominal* event: a cohort of K shares that together carry
+σ·C (``DistributedSetup.events``). Each node books, in its own ledger, the event its own
+policy guarantees (``clients.distributed``); that one is the guarantee.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fedpriv.distributed.contribution import decode_sum
+from fedpriv.distributed.lattice import Lattice, check_headroom, fine_scale
+from fedpriv.dpsgd.config import steps_per_epoch
+from fedpriv.federation import protocol
+from fedpriv.federation.settings import RunSettings
+from fedpriv.models import build_model
+from fedpriv.privacy import distributed_dpsgd_event
+from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.events import DpEvent
+from fedpriv.training import TrainingPlan
+from fedpriv.training.local import make_optimizer
+from server.assign import Assignment
+from server.history import History
+from server.ledger import ServerLedger
+from server.secure_sum import secure_sum
+from server.strategy import BudgetedFedAvg
+
+@dataclass(frozen=True)
+class DistributedSetup:
+    """What every round of a distributed run uses: the plan (σ calibrated for the nominal
+    cohort), the shared q, the lattice and the nominal cohort K."""
+
+    plan: TrainingPlan
+    sample_rate: float
+    lattice: Lattice
+    cohort: int
+
+    @property
+    def events(self) -> tuple[DpEvent, ...]:
+        """The nominal event of one round: K shares that together carry σ·C."""
+        return (nominal_event(self.plan.noise_multiplier, self.sample_rate, self.lattice, self.cohort, 1),)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.sample_rate)
+
+    def resolved(self) -> dict[str, object]:
+        """What ``results.json`` adds for a distributed run."""
+        return {
+            "privacy": "distributed", "noise_multiplier": self.plan.noise_multiplier,
+            "shared_sample_rate": self.sample_rate, "nominal_cohort": self.cohort,
+            "lattice_scale": self.lattice.scale, "dimension": self.lattice.dimension,
+            "sensitivity": self.lattice.sensitivity,
+            "sensitivity_inflation": self.lattice.sensitivity / (self.plan.max_grad_norm * self.lattice.scale),
+            "modulus_bits": self.lattice.modulus_bits,
+        }
+
+    def config(self) -> dict[str, str | int | float]:
+        """The round's config: the plan, q and the lattice (each node checks them)."""
+        return {**protocol.plan_config(self.plan), protocol.SAMPLE_RATE: self.sample_rate,
+                protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits}
+
+
+def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice, shares: int, steps: int) -> DpEvent:
+    """``steps`` rounds whose ``shares`` noise shares sum to std σ·C·scale."""
+    return distributed_dpsgd_event(lattice.noise_stddev(noise_multiplier, shares), shares, lattice.sensitivity,
+                                   lattice.dimension, sample_rate, steps)
+
+
+def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignment]) -> DistributedSetup:
+    """The run's setup for the discovered ``nodes``: q = lot / ΣN (released, capped), a fine
+    lattice for the model, σ calibrated for ``target-epsilon`` over ``rounds`` rounds of the
+    nominal cohort K = len(nodes), unless σ was given."""
+    if not nodes:
+        raise ValueError("no node described itself: nothing to aggregate")
+    total = sum(a.weight for a in nodes.values())
+    q = min(1.0, plan.lot_size / total)
+    dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
+    lattice = Lattice(fine_scale(plan.max_grad_norm, dimension), plan.max_grad_norm, dimension)
+    cohort = len(nodes)
+    # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
+    plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(settings.rounds / steps_per_epoch(q)))
+    if settings.target_epsilon is not None:
+        sigma = calibrate_noise_multiplier(
+            settings.target_epsilon, settings.delta, q, settings.rounds,
+            event=lambda s: nominal_event(s, q, lattice, cohort, settings.rounds),
+        )
+        plan = dataclasses.replace(plan, noise_multiplier=sigma)
+    check_headroom(lattice, max_lot=math.ceil(total), total_noise_stddev=plan.noise_multiplier * plan.max_grad_norm
+                   * lattice.scale)
+    return DistributedSetup(plan, q, lattice, cohort)
+
+
+class DistributedFedAvg(BudgetedFedAvg):
+    """Budget-aware sampling and booking (``BudgetedFedAvg``) of the nominal distributed
+    event; each round one secure sum and one optimizer step on the server's model."""
+
+    def __init__(self, ledger: ServerLedger, nodes: Mapping[int, Assignment], history: History, run_key: str,
+                 distributed: DistributedSetup, model: torch.nn.Module, **kwargs: object) -> None:
+        self.distributed = distributed
+        super().__init__(ledger, nodes, history, run_key, **kwargs)  # type: ignore[arg-type]
+        self.model = model
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._epoch = 0
+
+    def _add(self, node: int, assignment: Assignment) -> None:
+        """Every node runs the run's one distributed plan (its σ is the cohort's, not its own)."""
+        super()._add(node, dataclasses.replace(assignment, plan=self.distributed.plan))
+
+    def round_charge(self, assignment: Assignment, entry: str, evaluate: bool = False) -> Charge:
+        """Training rounds cost the nominal distributed event; evaluation as in local mode."""
+        return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
+
+    def threshold(self, cohort: int) -> int:
+        """SecAgg's reconstruction threshold: an honest majority of the cohort."""
+        return cohort // 2 + 1
+
+    def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
+        """Sample and book the cohort, securely sum its contributions, step; the new model
+        (the old one when the round is discarded: too few survivors)."""
+        self._round_start = time.perf_counter()
+        self._admit_new(grid, set(grid.get_node_ids()))
+        cohort = self._sample_and_book(server_round, grid, evaluate=False)
+        round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
+        entry = protocol.train_entry(self.run_key, server_round)
+        config = ConfigRecord({**self.distributed.config(), protocol.SERVER_ROUND: server_round,
+                               protocol.RUN_KEY: self.run_key})
+        result = secure_sum(
+            grid, cohort, dimension=self.distributed.lattice.dimension,
+            modulus_bits=self.distributed.lattice.modulus_bits, threshold=self.threshold(len(cohort)),
+            collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
+            timeout=timeout, round_key=entry,
+        )
+        for node in cohort:
+            if node not in result.survivors:
+                round_log.failed[self.nodes[node].client_id] = result.why_dropped(node)
+        round_log.survivors = [self.nodes[n].client_id for n in result.survivors]
+        ledger = self.ledger.snapshot()
+        round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
+        round_log.train_seconds = time.perf_counter() - self._round_start
+        if result.total is None:
+            round_log.discarded = f"secure aggregation gave no sum: {result.reason}; the previous model is kept"
+            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
+            return arrays
+        expected_lot = self.distributed.sample_rate * sum(self.nodes[n].weight for n in result.survivors)
+        log(INFO, "Round %d: secure sum of %d of %d nodes; one step on an expected lot of %.1f",
+            server_round, len(result.survivors), len(cohort), expected_lot)
+        return self._step(server_round, arrays, decode_sum(result.total, self.distributed.lattice) / expected_lot)
+
+    def _step(self, server_round: int, arrays: ArrayRecord, gradient: torch.Tensor) -> ArrayRecord:
+        """One optimizer step of the global model along ``gradient`` (flat, in
+        ``named_parameters`` order); a fresh optimizer each epoch, as the centralized run."""
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+        epoch = (server_round - 1) // self.distributed.steps_per_epoch + 1
+        if self._optimizer is None or epoch != self._epoch:
+            self._optimizer, self._epoch = make_optimizer(self.model, self.distributed.plan, epoch), epoch
+        offset = 0
+        for param in self.model.parameters():
+            size = param.numel()
+            param.grad = gradient[offset:offset + size].reshape(param.shape).to(param.dtype)
+            offset += size
+        self._optimizer.step()
+        return ArrayRecord(self.model.state_dict())
