@@ -87,6 +87,9 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
     p.add_argument("--round-timeout", type=positive, default=600.0,
                    help="seconds a round waits for replies; later nodes failed the round (default: 600)")
+    p.add_argument("--privacy", choices=["local", "distributed"], default="local",
+                   help="local: each node noises its update; distributed: integer noise shares under secure "
+                        "aggregation, every node's policy allowing it with min-cohort = --nodes (default: local)")
     p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
@@ -99,7 +102,7 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
         "dataset": "mnist", "rounds": args.rounds, "min-clients": args.min_clients or args.nodes,
         "target-epsilon": args.target_epsilon, "delta": args.delta, "seed": args.seed,
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
-        "round-timeout": args.round_timeout,
+        "round-timeout": args.round_timeout, "privacy": args.privacy,
     }
     if args.limit_train:
         config["limit-train"] = args.limit_train
@@ -131,11 +134,14 @@ def freeze_app(folder: Path) -> str:
 
 
 def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str,
-                data_dir: Path | None = None) -> dict[str, Any]:
+                data_dir: Path | None = None, min_cohort: int | None = None) -> dict[str, Any]:
     """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app,
-    and the folder of its own data (``None``: its default cache folder)."""
+    the folder of its own data (``None``: its default cache folder), and, with
+    ``min_cohort``, distributed rounds with at least that many nodes."""
     policy: dict[str, Any] = {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
                               "randomness": "secure", "trusted-apps": [app]}
+    if min_cohort is not None:
+        policy |= {"allow-distributed": True, "min-cohort": min_cohort}
     if data_dir is not None:
         policy["data-dir"] = str(Path(data_dir).resolve())
     return policy
@@ -155,7 +161,8 @@ class Deployment:
         self.superlink: Started | None = None
         self.supernodes: dict[int, Any] = {}
 
-    def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None) -> None:
+    def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None,
+                min_cohort: int | None = None) -> None:
         """Certificates and keys (kept across restarts), each node's policy (its data in
         ``data_dir``), its ledger where never initialised, and pin shim."""
         from clients.pinned import write_shim
@@ -172,7 +179,7 @@ class Deployment:
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
-            policy = node_policy(node, epsilon_budget, delta_, app, data_dir)
+            policy = node_policy(node, epsilon_budget, delta_, app, data_dir, min_cohort)
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
             init_nodes(node.policy, [i])  # `python -m fedpriv.node init`, once: a lost ledger stays lost
 
@@ -399,7 +406,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stack.callback(deployment.close)
         app = freeze_app(out / "app")
         deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app,
-                           Path(args.data_dir) if args.data_dir else None)
+                           Path(args.data_dir) if args.data_dir else None,
+                           args.nodes if args.privacy == "distributed" else None)
         try:
             deployment.start_superlink()
             for i in range(args.nodes):
