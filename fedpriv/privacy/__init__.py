@@ -8,10 +8,12 @@ from fedpriv.privacy.accountants import AccountantKind, UnsupportedEventError, e
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
 from fedpriv.privacy.events import (
     ComposedEvent,
+    DistributedDiscreteGaussianEvent,
     GaussianEvent,
     LaplaceEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
+    distributed_dpsgd_event,
     dpsgd_event,
     event_from_dict,
     event_to_dict,
@@ -24,6 +26,7 @@ __all__ = [
     "Budget",
     "BudgetExceededError",
     "ComposedEvent",
+    "DistributedDiscreteGaussianEvent",
     "GaussianEvent",
     "LaplaceEvent",
     "LedgerError",
@@ -33,6 +36,7 @@ __all__ = [
     "SelfComposedEvent",
     "UnsupportedEventError",
     "calibrate_noise_multiplier",
+    "distributed_dpsgd_event",
     "dpsgd_event",
     "epsilon_of",
     "event_from_dict",
