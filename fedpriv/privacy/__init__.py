@@ -5,7 +5,7 @@ See docs/architecture.md for the contract and docs/accounting.md for the math.
 """
 
 from fedpriv.privacy.accountants import AccountantKind, UnsupportedEventError, epsilon_of, make_accountant
-from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
 from fedpriv.privacy.events import (
     ComposedEvent,
     DistributedDiscreteGaussianEvent,
@@ -35,6 +35,7 @@ __all__ = [
     "PrivacyLedger",
     "SelfComposedEvent",
     "UnsupportedEventError",
+    "calibrate_distributed_noise",
     "calibrate_noise_multiplier",
     "distributed_dpsgd_event",
     "dpsgd_event",

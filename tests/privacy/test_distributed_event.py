@@ -19,6 +19,8 @@ from fedpriv.privacy import (
     PrivacyLedger,
     SelfComposedEvent,
     UnsupportedEventError,
+    calibrate_distributed_noise,
+    calibrate_noise_multiplier,
     distributed_dpsgd_event,
     dpsgd_event,
     epsilon_of,
@@ -28,7 +30,8 @@ from fedpriv.privacy import (
 )
 from fedpriv.privacy.accountants.distributed import poisson_subsampled_rdp, unsampled_rdp
 from fedpriv.privacy.accountants.rdp import ORDERS
-from fedpriv.privacy.events import EventError, NoDpAccountingFormError, to_dp_accounting
+from fedpriv.privacy.calibration import round_up_3, unit_3
+from fedpriv.privacy.events import MIN_SHARE_STDDEV, EventError, NoDpAccountingFormError, to_dp_accounting
 
 INTEGER_ORDERS = [a for a in ORDERS if a == int(a)]
 
@@ -57,8 +60,8 @@ def zhu_wang_reference(eps, q: float, alpha: int, factor: float = 3.0) -> float:
     """Zhu & Wang's Theorem 5 at integer alpha, in plain floats (small alpha only)."""
     total = (1 - q) ** (alpha - 1) * (alpha * q - q + 1)
     total += math.comb(alpha, 2) * q**2 * (1 - q) ** (alpha - 2) * math.exp(eps(2))
-    total += factor * sum(math.comb(alpha, l) * (1 - q) ** (alpha - l) * q**l * math.exp((l - 1) * eps(l))
-                          for l in range(3, alpha + 1))
+    total += factor * sum(math.comb(alpha, j) * (1 - q) ** (alpha - j) * q**j * math.exp((j - 1) * eps(j))
+                          for j in range(3, alpha + 1))
     return math.log(total) / (alpha - 1)
 
 
@@ -250,3 +253,31 @@ def test_a_ledger_composes_local_and_distributed_events_and_persists_them(tmp_pa
     loaded = PrivacyLedger.load(path)
     assert loaded == ledger and loaded.events("node") == (local, distributed, distributed)
     assert loaded.spent("node") == ledger.spent("node")
+
+
+# --- calibration -----------------------------------------------------------------------
+
+def test_calibrated_share_meets_the_target_and_one_unit_less_does_not():
+    q, steps, n, sens, d = 4096 / 60000, 440, 10, 300.0, 100_000
+    s = calibrate_distributed_noise(4.0, 1e-5, q, steps, n, sens, d)
+    assert epsilon_of(distributed_dpsgd_event(s, n, sens, d, q, steps), 1e-5) <= 4.0
+    assert epsilon_of(distributed_dpsgd_event(s - unit_3(s), n, sens, d, q, steps), 1e-5) > 4.0
+    assert s == round_up_3(s)
+
+
+def test_one_unsampled_share_calibrates_like_the_gaussian():
+    """q = 1, n = 1, Δ₂ = 1: the event is the Gaussian of σ = s, calibrated through dp-accounting."""
+    for target in (0.5, 3.0):
+        assert calibrate_distributed_noise(target, 1e-5, 1.0, 20, 1, 1.0, 50) == \
+            calibrate_noise_multiplier(target, 1e-5, 1.0, 20)
+
+
+def test_calibration_never_goes_below_one_half_with_several_shares():
+    assert calibrate_distributed_noise(50.0, 1e-5, 0.01, 1, 10, 0.1, 10) == MIN_SHARE_STDDEV
+    assert calibrate_distributed_noise(50.0, 1e-5, 0.01, 1, 1, 0.1, 10) < MIN_SHARE_STDDEV
+
+
+@pytest.mark.parametrize("args", [(0, 5.0, 10), (3, 0.0, 10), (3, 5.0, 0)])
+def test_calibration_refuses_a_malformed_mechanism(args):
+    with pytest.raises(EventError):
+        calibrate_distributed_noise(2.0, 1e-5, 0.01, 100, *args)
