@@ -74,6 +74,12 @@ MIN_SHARE_STDDEV = 0.5
 share's scale s ≥ 1/2; a single share (the discrete Gaussian itself) needs only s > 0."""
 
 
+def _check_finite_positive(name: str, value: float) -> None:
+    _check_finite_nonneg(name, value)
+    if value == 0:
+        raise EventError(f"{name} must be > 0, got {value!r}")
+
+
 def _check_positive_int(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise EventError(f"{name} must be an integer >= 1, got {value!r}")
@@ -96,12 +102,8 @@ class DistributedDiscreteGaussianEvent:
     def __post_init__(self) -> None:
         _check_positive_int("shares", self.shares)
         _check_positive_int("dimension", self.dimension)
-        _check_finite_nonneg("sensitivity", self.sensitivity)
-        _check_finite_nonneg("noise_stddev", self.noise_stddev)
-        if self.sensitivity == 0:
-            raise EventError("sensitivity must be > 0, got 0")
-        if self.noise_stddev == 0:
-            raise EventError("noise_stddev must be > 0, got 0")
+        _check_finite_positive("sensitivity", self.sensitivity)
+        _check_finite_positive("noise_stddev", self.noise_stddev)
         if self.shares > 1 and self.noise_stddev < MIN_SHARE_STDDEV:
             raise EventError(f"noise_stddev must be >= {MIN_SHARE_STDDEV} with shares >= 2 (Kairouz et al.'s "
                              f"Theorem 1), got {self.noise_stddev!r}")

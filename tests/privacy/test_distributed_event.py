@@ -281,3 +281,12 @@ def test_calibration_never_goes_below_one_half_with_several_shares():
 def test_calibration_refuses_a_malformed_mechanism(args):
     with pytest.raises(EventError):
         calibrate_distributed_noise(2.0, 1e-5, 0.01, 100, *args)
+
+
+@pytest.mark.parametrize("s, sens", [(1e-200, 1.0), (1e300, 1e-300)])
+def test_extreme_scales_give_infinity_or_zero_never_an_error_or_a_negative_value(s, sens):
+    event = distributed_dpsgd_event(s, 1, sens, 10**9, 0.1, 3)
+    rdp = make_accountant("rdp").compose(event).rdp
+    assert not np.isnan(rdp).any() and (rdp >= 0).all()
+    expected = math.inf if s < 1 else 0.0
+    assert epsilon_of(event, 1e-5) == expected and epsilon_of(event, 1e-5, "zcdp") == expected

@@ -50,9 +50,10 @@ RdpCurve = Callable[[np.ndarray], np.ndarray]
 
 def tau(noise_stddev: float, shares: int) -> float:
     """τ = 10·Σ_{k=1}^{n−1} exp(−2π²s²·k/(k+1)); every term is in (0, 1], so it cannot overflow,
-    and underflow to 0 is the true value to double precision."""
+    and underflow to 0 is the true value to double precision. (Products, not ``**``, here and
+    below: a float ``**`` raises on overflow, a product gives inf, a sound ε = ∞.)"""
     k = np.arange(1, shares, dtype=float)
-    return 10.0 * math.fsum(np.exp(-2.0 * math.pi**2 * noise_stddev**2 * k / (k + 1.0)))
+    return 10.0 * math.fsum(np.exp(-2.0 * math.pi**2 * (noise_stddev * noise_stddev) * k / (k + 1.0)))
 
 
 def _scale_and_tau(m: DistributedDiscreteGaussianEvent) -> tuple[float, float]:
@@ -63,12 +64,12 @@ def _scale_and_tau(m: DistributedDiscreteGaussianEvent) -> tuple[float, float]:
 def unsampled_rdp(m: DistributedDiscreteGaussianEvent) -> RdpCurve:
     """ε(α) = min(α·S²/2 + τ·d, (α/2)·(S + √d·τ)²), for every α ≥ 1."""
     scale, t = _scale_and_tau(m)
-    tau_d, slack = t * m.dimension, t * math.sqrt(m.dimension)
+    first, second = scale * scale, 2.0 * rho(m)
 
     def curve(orders: np.ndarray) -> np.ndarray:
         alpha = np.asarray(orders, dtype=float)
         with np.errstate(over="ignore"):
-            return np.minimum(alpha * scale**2 / 2.0 + tau_d, alpha / 2.0 * (scale + slack) ** 2)
+            return np.minimum(alpha * first / 2.0 + t * m.dimension, alpha / 2.0 * second)
 
     return curve
 
@@ -76,7 +77,8 @@ def unsampled_rdp(m: DistributedDiscreteGaussianEvent) -> RdpCurve:
 def rho(m: DistributedDiscreteGaussianEvent) -> float:
     """ρ = (S + √d·τ)²/2: ε(α) ≤ α·ρ for every α ≥ 1, so the event is ρ-zCDP."""
     scale, t = _scale_and_tau(m)
-    return (scale + math.sqrt(m.dimension) * t) ** 2 / 2.0
+    total = scale + math.sqrt(m.dimension) * t
+    return total * total / 2.0
 
 
 def _log_comb(n: float, k: np.ndarray) -> np.ndarray:
@@ -110,7 +112,9 @@ def poisson_subsampled_rdp(curve: RdpCurve, sample_rate: float, orders: np.ndarr
     with np.errstate(over="ignore", invalid="ignore"):
         log_moments = (ell - 1.0) * curve(np.maximum(ell, 1.0))
     bound = {a: _subsampled_at(a, sample_rate, log_moments, higher_order_factor) for a in set(ceilings)}
-    return np.minimum(np.array([bound[a] for a in ceilings]), direct)
+    # Rounding can leave log(≈1) a hair below 0; a Rényi divergence is >= 0, and a negative
+    # value would lower the total of a composition.
+    return np.maximum(np.minimum(np.array([bound[a] for a in ceilings]), direct), 0.0)
 
 
 def distributed_rdp(m: DistributedDiscreteGaussianEvent, sample_rate: float, orders: np.ndarray) -> np.ndarray:

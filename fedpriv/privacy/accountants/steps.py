@@ -1,7 +1,7 @@
 """Flatten an event into counted *steps* for the closed-form accountants.
 
-A step is one basic mechanism (Gaussian, Laplace or distributed discrete Gaussian) applied to a Poisson subsample with
-rate q (q = 1: the whole data set). ``flatten`` returns {step: count}; SelfComposed
+A step is one basic mechanism (Gaussian, Laplace or distributed discrete Gaussian) applied
+to a Poisson subsample with rate q (q = 1: the whole data set). ``flatten`` returns {step: count}; SelfComposed
 multiplies counts, Composed adds them. Sampling of anything but a single basic mechanism is
 unsupported here (dp-accounting's PLD has the same rule).
 """

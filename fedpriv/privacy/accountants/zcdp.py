@@ -2,8 +2,9 @@
 
 Per step: Gaussian σ is ρ = Δ²/(2τ) = 1/(2σ²)-zCDP (Prop 1.6); Laplace (pure ε = 1/b)
 is ρ = ε²/2 (Prop 1.4); the distributed discrete Gaussian is ρ = (S + √d·τ)²/2-zCDP
-(Kairouz, Liu & Steinke 2021, ``distributed.rho``). Composition adds ρ (Lemma 1.7). Conversion (Prop 1.3):
-ε(δ) = ρ + 2√(ρ log(1/δ)), inverted exactly by δ(ε) = exp(−(ε − ρ)²/(4ρ)) for ε > ρ.
+(Kairouz, Liu & Steinke 2021, ``distributed.rho``). Composition adds ρ (Lemma 1.7).
+Conversion (Prop 1.3): ε(δ) = ρ + 2√(ρ log(1/δ)), inverted exactly by
+δ(ε) = exp(−(ε − ρ)²/(4ρ)) for ε > ρ.
 
 Soundness — Poisson subsampling gets **no amplification**: a sampled step is charged
 the ρ of the unsampled mechanism. That is a valid upper bound (the subsample of
