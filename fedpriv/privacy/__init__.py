@@ -5,13 +5,15 @@ See docs/architecture.md for the contract and docs/accounting.md for the math.
 """
 
 from fedpriv.privacy.accountants import AccountantKind, UnsupportedEventError, epsilon_of, make_accountant
-from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
 from fedpriv.privacy.events import (
     ComposedEvent,
+    DistributedDiscreteGaussianEvent,
     GaussianEvent,
     LaplaceEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
+    distributed_dpsgd_event,
     dpsgd_event,
     event_from_dict,
     event_to_dict,
@@ -24,6 +26,7 @@ __all__ = [
     "Budget",
     "BudgetExceededError",
     "ComposedEvent",
+    "DistributedDiscreteGaussianEvent",
     "GaussianEvent",
     "LaplaceEvent",
     "LedgerError",
@@ -32,7 +35,9 @@ __all__ = [
     "PrivacyLedger",
     "SelfComposedEvent",
     "UnsupportedEventError",
+    "calibrate_distributed_noise",
     "calibrate_noise_multiplier",
+    "distributed_dpsgd_event",
     "dpsgd_event",
     "epsilon_of",
     "event_from_dict",

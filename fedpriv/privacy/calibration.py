@@ -1,6 +1,8 @@
-"""Noise calibration: the smallest σ (3 significant digits) meeting a target ε.
+"""Noise calibration: the smallest σ (3 significant digits) meeting a target ε, and the same
+for the distributed discrete Gaussian's share scale s.
 
-The search runs through ``dpsgd_event`` — the constructor training uses — so the
+The search runs through ``dpsgd_event`` (``distributed_dpsgd_event`` for s, starting at
+the s of σ = √n·s/Δ₂ = 1) — the constructor training uses — so the
 calibrated σ and the trained mechanism cannot drift apart. ε(σ) is non-increasing in σ;
 we bracket the threshold σ* by doubling/halving, bisect until the bracket's ends round
 up to the same 3-significant-digit value, and return that value v ≥ σ*, after checking
@@ -17,7 +19,14 @@ from collections.abc import Callable, Sequence
 from fedpriv.privacy._search import bisect
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.accountants.base import check_delta
-from fedpriv.privacy.events import ComposedEvent, DpEvent, dpsgd_event
+from fedpriv.privacy.events import (
+    MIN_SHARE_STDDEV,
+    ComposedEvent,
+    DistributedDiscreteGaussianEvent,
+    DpEvent,
+    distributed_dpsgd_event,
+    dpsgd_event,
+)
 
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
 
@@ -41,20 +50,7 @@ def _epsilon(event: DpEvent, delta: float, kind: AccountantKind) -> float:
     return epsilon_of(event, delta, kind)
 
 
-def calibrate_noise_multiplier(
-    target_epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: AccountantKind | str = AccountantKind.RDP,
-    prior_events: Sequence[DpEvent] = (),
-    event: Callable[[float], DpEvent] | None = None,
-) -> float:
-    """Smallest σ, rounded up to 3 significant digits, with
-    ε(dpsgd_event(σ, sample_rate, steps), delta) <= target_epsilon under ``accountant``;
-    with ``prior_events`` (e.g. a released count), ε of those composed with the training.
-    ``event`` (σ → the whole training's event, non-increasing ε in σ) replaces
-    ``dpsgd_event(σ, sample_rate, steps)`` for another mechanism (distributed DP-SGD)."""
+def _check_request(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> None:
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
     check_delta(delta)
@@ -62,29 +58,74 @@ def calibrate_noise_multiplier(
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    kind = AccountantKind(accountant)
 
+
+def _smallest_noise(training: Callable[[float], DpEvent], target_epsilon: float, delta: float,
+                    accountant: AccountantKind | str, prior_events: Sequence[DpEvent], unit: float = 1.0,
+                    floor: float = 0.0, name: str = "noise multiplier") -> float:
+    """Smallest v (3 significant digits, >= ``floor``) with ε(prior + training(v)) <= target;
+    the search brackets from ``unit`` (σ = 1) within [1e-3, 1e6]·``unit`` (module docstring)."""
+    kind = AccountantKind(accountant)
     prior = tuple(prior_events)
     if prior and epsilon_of(ComposedEvent(prior), delta, kind) >= target_epsilon:
-        raise ValueError(f"the prior events alone spend epsilon >= {target_epsilon}: no noise multiplier reaches it")
+        raise ValueError(f"the prior events alone spend epsilon >= {target_epsilon}: no {name} reaches it")
 
-    training = event or (lambda sigma: dpsgd_event(sigma, sample_rate, steps))
+    def ok(value: float) -> bool:
+        if value < floor:
+            return False
+        event = training(value)
+        return _epsilon(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
 
-    def ok(sigma: float) -> bool:
-        spent = training(sigma)
-        return _epsilon(ComposedEvent((*prior, spent)) if prior else spent, delta, kind) <= target_epsilon
-
-    lo, hi = 0.5, 1.0
+    lo, hi = 0.5 * unit, unit
     while not ok(hi):
         lo, hi = hi, 2 * hi
-        if hi > _SIGMA_MAX:
-            raise ValueError(f"no noise multiplier <= {_SIGMA_MAX:g} reaches epsilon {target_epsilon}")
+        if hi > _SIGMA_MAX * unit:
+            raise ValueError(f"no {name} <= {_SIGMA_MAX * unit:g} reaches epsilon {target_epsilon}")
     while ok(lo):
         lo, hi = lo / 2, lo
-        if lo < _SIGMA_MIN:
+        if lo < _SIGMA_MIN * unit:
             return round_up_3(hi)
     lo, hi = bisect(ok, lo, hi, done=lambda a, b: round_up_3(a) == round_up_3(b) or b - a < 1e-12 * b)
-    sigma = round_up_3(hi)
-    while not ok(sigma):
-        sigma = round_up_3(sigma + unit_3(sigma))
-    return sigma
+    value = round_up_3(hi)
+    while not ok(value):
+        value = round_up_3(value + unit_3(value))
+    return value
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: AccountantKind | str = AccountantKind.RDP,
+    prior_events: Sequence[DpEvent] = (),
+) -> float:
+    """Smallest σ, rounded up to 3 significant digits, with
+    ε(dpsgd_event(σ, sample_rate, steps), delta) <= target_epsilon under ``accountant``;
+    with ``prior_events`` (e.g. a released count), ε of those composed with the training."""
+    _check_request(target_epsilon, delta, sample_rate, steps)
+    return _smallest_noise(lambda sigma: dpsgd_event(sigma, sample_rate, steps), target_epsilon, delta, accountant,
+                           prior_events)
+
+
+def calibrate_distributed_noise(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    shares: int,
+    sensitivity: float,
+    dimension: int,
+    accountant: AccountantKind | str = AccountantKind.RDP,
+    prior_events: Sequence[DpEvent] = (),
+) -> float:
+    """Smallest share scale s (lattice units), rounded up to 3 significant digits and >= 1/2
+    with ``shares`` >= 2, with ε(distributed_dpsgd_event(s, shares, sensitivity, dimension,
+    sample_rate, steps), delta) <= target_epsilon under ``accountant`` (rdp: the only one
+    with a subsampling bound for it); ``prior_events`` as in ``calibrate_noise_multiplier``."""
+    _check_request(target_epsilon, delta, sample_rate, steps)
+    DistributedDiscreteGaussianEvent(1.0, shares, sensitivity, dimension)  # refuses bad arguments up front
+    return _smallest_noise(
+        lambda s: distributed_dpsgd_event(s, shares, sensitivity, dimension, sample_rate, steps),
+        target_epsilon, delta, accountant, prior_events, unit=sensitivity / math.sqrt(shares),
+        floor=MIN_SHARE_STDDEV if shares > 1 else 0.0, name="noise share")

@@ -10,6 +10,9 @@ Conventions (the same as dp-accounting and Opacus):
 - ``GaussianEvent(σ)``: noise N(0, σ²Δ²) added to a query of L2 sensitivity Δ.
 - ``LaplaceEvent(b)``: noise Laplace(bΔ₁) on a query of L1 sensitivity Δ₁; it is
   pure (1/b)-DP.
+- ``DistributedDiscreteGaussianEvent(s, n, Δ₂, d)``: the sum of n honest shares of
+  discrete Gaussian noise N_Z(0, s²)^d added to an integer vector query of L2 sensitivity
+  Δ₂ (all in lattice units) — distributed DP over secure aggregation.
 - ``PoissonSampledEvent(q, e)``: ``e`` run on a subset holding each example with
   probability q, independently.
 - ``SelfComposedEvent(e, n)``: ``e`` run ``n`` times (adaptively).
@@ -66,6 +69,51 @@ class LaplaceEvent:
         return cls(1.0 / epsilon)
 
 
+MIN_SHARE_STDDEV = 0.5
+"""Kairouz, Liu & Steinke's Theorem 1 (the sum of n ≥ 2 discrete Gaussians) assumes each
+share's scale s ≥ 1/2; a single share (the discrete Gaussian itself) needs only s > 0."""
+
+
+def _check_finite_positive(name: str, value: float) -> None:
+    _check_finite_nonneg(name, value)
+    if value == 0:
+        raise EventError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise EventError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussianEvent:
+    """Distributed discrete Gaussian (Kairouz, Liu & Steinke, ICML 2021): ``shares`` honest
+    nodes each add N_Z(0, s²)^d noise, s = ``noise_stddev`` (the discrete Gaussian's scale
+    parameter), to an integer query in Z^d (d = ``dimension``) whose L2 sensitivity is
+    ``sensitivity`` = Δ₂, all in lattice units; only the sum is released. The effective
+    noise multiplier is √n·s/Δ₂; the sum is not a discrete Gaussian, which costs a little
+    (``fedpriv.privacy.accountants.distributed``)."""
+
+    noise_stddev: float
+    shares: int
+    sensitivity: float
+    dimension: int
+
+    def __post_init__(self) -> None:
+        _check_positive_int("shares", self.shares)
+        _check_positive_int("dimension", self.dimension)
+        _check_finite_positive("sensitivity", self.sensitivity)
+        _check_finite_positive("noise_stddev", self.noise_stddev)
+        if self.shares > 1 and self.noise_stddev < MIN_SHARE_STDDEV:
+            raise EventError(f"noise_stddev must be >= {MIN_SHARE_STDDEV} with shares >= 2 (Kairouz et al.'s "
+                             f"Theorem 1), got {self.noise_stddev!r}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """√n·s/Δ₂: the Gaussian noise multiplier the honest shares add up to."""
+        return math.sqrt(self.shares) * self.noise_stddev / self.sensitivity
+
+
 @dataclass(frozen=True)
 class PoissonSampledEvent:
     """``event`` applied to a Poisson subsample with rate ``sample_rate`` in [0, 1]."""
@@ -106,8 +154,10 @@ class ComposedEvent:
             _check_event(event)
 
 
-DpEvent = GaussianEvent | LaplaceEvent | PoissonSampledEvent | SelfComposedEvent | ComposedEvent
-_EVENT_TYPES = (GaussianEvent, LaplaceEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent)
+DpEvent = (GaussianEvent | LaplaceEvent | DistributedDiscreteGaussianEvent | PoissonSampledEvent | SelfComposedEvent
+           | ComposedEvent)
+_EVENT_TYPES = (GaussianEvent, LaplaceEvent, DistributedDiscreteGaussianEvent, PoissonSampledEvent, SelfComposedEvent,
+                ComposedEvent)
 
 
 def _check_event(event: object) -> None:
@@ -146,6 +196,17 @@ def dpsgd_event(noise_multiplier: float, sample_rate: float, steps: int) -> DpEv
     return SelfComposedEvent(PoissonSampledEvent(sample_rate, GaussianEvent(noise_multiplier)), steps)
 
 
+def distributed_dpsgd_event(noise_stddev: float, shares: int, sensitivity: float, dimension: int,
+                            sample_rate: float, steps: int) -> DpEvent:
+    """The event of ``steps`` distributed DP-SGD steps: Poisson lots at rate q, the sum of
+    ``shares`` honest discrete Gaussian shares of scale ``noise_stddev`` on a query of L2
+    sensitivity ``sensitivity`` in Z^``dimension`` (lattice units). Refuses a q the samplers
+    cannot draw, like ``dpsgd_event``."""
+    check_sample_rate(sample_rate)
+    mechanism = DistributedDiscreteGaussianEvent(noise_stddev, shares, sensitivity, dimension)
+    return SelfComposedEvent(PoissonSampledEvent(sample_rate, mechanism), steps)
+
+
 # --- JSON form ------------------------------------------------------------------------
 
 def event_to_dict(event: DpEvent) -> dict[str, Any]:
@@ -155,6 +216,9 @@ def event_to_dict(event: DpEvent) -> dict[str, Any]:
             return {"type": "gaussian", "noise_multiplier": s}
         case LaplaceEvent(noise_multiplier=b):
             return {"type": "laplace", "noise_multiplier": b}
+        case DistributedDiscreteGaussianEvent(noise_stddev=s, shares=n, sensitivity=c, dimension=d):
+            return {"type": "distributed_discrete_gaussian", "noise_stddev": s, "shares": n, "sensitivity": c,
+                    "dimension": d}
         case PoissonSampledEvent(sample_rate=q, event=inner):
             return {"type": "poisson_sampled", "sample_rate": q, "event": event_to_dict(inner)}
         case SelfComposedEvent(event=inner, count=n):
@@ -175,6 +239,9 @@ def event_from_dict(data: Any) -> DpEvent:
                 return GaussianEvent(float(data["noise_multiplier"]))
             case "laplace":
                 return LaplaceEvent(float(data["noise_multiplier"]))
+            case "distributed_discrete_gaussian":
+                return DistributedDiscreteGaussianEvent(data["noise_stddev"], data["shares"], data["sensitivity"],
+                                                        data["dimension"])
             case "poisson_sampled":
                 return PoissonSampledEvent(float(data["sample_rate"]), event_from_dict(data["event"]))
             case "self_composed":
@@ -188,9 +255,17 @@ def event_from_dict(data: Any) -> DpEvent:
 
 # --- dp-accounting form ---------------------------------------------------------------
 
+class NoDpAccountingFormError(EventError):
+    """dp-accounting has no event for this mechanism (the distributed discrete Gaussian)."""
+
+
 def to_dp_accounting(event: DpEvent) -> dp_accounting.DpEvent:
-    """The equivalent ``dp_accounting.DpEvent``, for its RDP and PLD accountants."""
+    """The equivalent ``dp_accounting.DpEvent``, for its RDP and PLD accountants; raises
+    ``NoDpAccountingFormError`` for an event that contains a distributed discrete Gaussian."""
     match event:
+        case DistributedDiscreteGaussianEvent():
+            raise NoDpAccountingFormError(f"dp-accounting has no distributed discrete Gaussian event: {event!r} "
+                                          "(use fedpriv's rdp or zcdp accountant)")
         case GaussianEvent(noise_multiplier=s):
             return dp_accounting.GaussianDpEvent(s)
         case LaplaceEvent(noise_multiplier=b):

@@ -8,6 +8,8 @@ Every step is first made (ε_i, δ_i)-DP:
 - Poisson sampling at rate q (amplification, Li, Qardaji & Su 2012; Balle et al. 2018):
   ε_i = log(1 + q(e^ε₀ − 1)), δ_i = q·δ₀.
 All Gaussian steps share the same s, so their δ's add up to W·s with W = Σ count·q.
+The distributed discrete Gaussian has no (ε, δ) per-step form here: it is refused
+(``UnsupportedEventError``); account for it with ``rdp`` (or ``zcdp``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dp_accounting
 from scipy.optimize import brentq
 
 from fedpriv.privacy._search import bisect
-from fedpriv.privacy.accountants.base import Accountant
+from fedpriv.privacy.accountants.base import Accountant, UnsupportedEventError
 from fedpriv.privacy.accountants.steps import Step, flatten
 from fedpriv.privacy.events import DpEvent, GaussianEvent, LaplaceEvent
 
@@ -55,7 +57,12 @@ class ApproxDpAccountant(Accountant[Counter[Step]]):
         self._steps: Counter[Step] = Counter()
 
     def _prepare(self, event: DpEvent) -> Counter[Step]:
-        return flatten(event)
+        steps = flatten(event)
+        for step in steps:
+            if type(step.mechanism) not in BASE_EPSILON:
+                raise UnsupportedEventError(f"{self.kind.value} accountant cannot account for {step.mechanism!r}: "
+                                            "use rdp (or zcdp)")
+        return steps
 
     def _apply(self, prepared: Counter[Step]) -> None:
         self._steps.update(prepared)

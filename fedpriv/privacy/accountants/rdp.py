@@ -4,7 +4,9 @@ Each event adds its RDP curve ε_α at every order α of ``ORDERS``; the total c
 (ε, δ)-DP with dp-accounting's conversion (Canonne–Kamath–Steinke / Balle et al. 2020),
 minimised over the grid. For the unsampled Gaussian ε_α = α/(2σ²) exactly; the
 Poisson-subsampled Gaussian uses Mironov, Talwar & Zhang (2019). Supports Gaussian,
-Laplace (unsampled) and Poisson-sampled (compositions of) Gaussians.
+Laplace (unsampled), Poisson-sampled Gaussians, and the (Poisson-sampled) distributed
+discrete Gaussian, whose curve fedpriv computes itself (``distributed``: Kairouz et al.'s
+bound, Zhu & Wang's general subsampling bound).
 
 ``ORDERS`` (153 orders, 1.01 … 512): fine fractional orders where DP-SGD optima lie
 (1.01–1.09 by 0.01, 1.1–10.9 by 0.1), every integer 11–32, even integers to 64, then a
@@ -33,8 +35,9 @@ from dp_accounting.rdp import RdpAccountant as _DpaRdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
 
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind, UnsupportedEventError
+from fedpriv.privacy.accountants.distributed import distributed_rdp
 from fedpriv.privacy.accountants.steps import Step, flatten
-from fedpriv.privacy.events import DpEvent, PoissonSampledEvent, to_dp_accounting
+from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, DpEvent, PoissonSampledEvent, to_dp_accounting
 
 ORDERS: tuple[float, ...] = tuple(
     float(x)
@@ -68,7 +71,12 @@ def _quiet_absl() -> Iterator[None]:
 
 @lru_cache(maxsize=4096)
 def step_rdp(step: Step, orders: tuple[float, ...] = ORDERS) -> np.ndarray:
-    """RDP curve (ε_α at each order) of one step, by dp-accounting; read-only, cached."""
+    """RDP curve (ε_α at each order) of one step, by dp-accounting (the distributed discrete
+    Gaussian by ``distributed``); read-only, cached."""
+    if isinstance(step.mechanism, DistributedDiscreteGaussianEvent):
+        curve = distributed_rdp(step.mechanism, step.sample_rate, np.array(orders, dtype=float))
+        curve.setflags(write=False)
+        return curve
     event = step.mechanism if step.sample_rate == 1 else PoissonSampledEvent(step.sample_rate, step.mechanism)
     backend = _DpaRdpAccountant(orders=list(orders))
     translated = to_dp_accounting(event)

@@ -1,9 +1,9 @@
 """Flatten an event into counted *steps* for the closed-form accountants.
 
-A step is one basic mechanism (Gaussian or Laplace) applied to a Poisson subsample with
-rate q (q = 1: the whole data set). ``flatten`` returns {step: count}; SelfComposed
-multiplies counts, Composed adds them. Sampling of anything but a single Gaussian or
-Laplace mechanism is unsupported here (dp-accounting's PLD has the same rule).
+A step is one basic mechanism (Gaussian, Laplace or distributed discrete Gaussian) applied
+to a Poisson subsample with rate q (q = 1: the whole data set). ``flatten`` returns {step: count}; SelfComposed
+multiplies counts, Composed adds them. Sampling of anything but a single basic mechanism is
+unsupported here (dp-accounting's PLD has the same rule).
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from functools import singledispatch
 from fedpriv.privacy.accountants.base import UnsupportedEventError
 from fedpriv.privacy.events import (
     ComposedEvent,
+    DistributedDiscreteGaussianEvent,
     GaussianEvent,
     LaplaceEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
 )
 
-Mechanism = GaussianEvent | LaplaceEvent
+Mechanism = GaussianEvent | LaplaceEvent | DistributedDiscreteGaussianEvent
+_MECHANISMS = (GaussianEvent, LaplaceEvent, DistributedDiscreteGaussianEvent)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,16 @@ def _(event: LaplaceEvent, count: int, out: Counter[Step]) -> None:
 
 
 @_walk.register
+def _(event: DistributedDiscreteGaussianEvent, count: int, out: Counter[Step]) -> None:
+    out[Step(event)] += count
+
+
+@_walk.register
 def _(event: PoissonSampledEvent, count: int, out: Counter[Step]) -> None:
-    if not isinstance(event.event, (GaussianEvent, LaplaceEvent)):
+    if not isinstance(event.event, _MECHANISMS):
         raise UnsupportedEventError(
-            f"only a single Gaussian or Laplace mechanism can be Poisson-sampled here, got {event!r}"
+            f"only a single Gaussian, Laplace or distributed discrete Gaussian mechanism can be Poisson-sampled "
+            f"here, got {event!r}"
         )
     out[Step(event.event, event.sample_rate)] += count
 

@@ -22,7 +22,7 @@ class DpAccountingAccountant(Accountant[dp_accounting.DpEvent]):
         try:
             translated = to_dp_accounting(event)
         except EventError as err:
-            raise UnsupportedEventError(str(err)) from err
+            raise UnsupportedEventError(f"{self.kind.value} accountant: {err}") from err
         if not self._backend.supports(translated):
             raise UnsupportedEventError(f"{self.kind.value} accountant does not support {event!r}")
         return translated

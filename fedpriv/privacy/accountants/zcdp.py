@@ -1,8 +1,10 @@
 """Zero-concentrated DP (Bun & Steinke 2016).
 
 Per step: Gaussian σ is ρ = Δ²/(2τ) = 1/(2σ²)-zCDP (Prop 1.6); Laplace (pure ε = 1/b)
-is ρ = ε²/2 (Prop 1.4). Composition adds ρ (Lemma 1.7). Conversion (Prop 1.3):
-ε(δ) = ρ + 2√(ρ log(1/δ)), inverted exactly by δ(ε) = exp(−(ε − ρ)²/(4ρ)) for ε > ρ.
+is ρ = ε²/2 (Prop 1.4); the distributed discrete Gaussian is ρ = (S + √d·τ)²/2-zCDP
+(Kairouz, Liu & Steinke 2021, ``distributed.rho``). Composition adds ρ (Lemma 1.7).
+Conversion (Prop 1.3): ε(δ) = ρ + 2√(ρ log(1/δ)), inverted exactly by
+δ(ε) = exp(−(ε − ρ)²/(4ρ)) for ε > ρ.
 
 Soundness — Poisson subsampling gets **no amplification**: a sampled step is charged
 the ρ of the unsampled mechanism. That is a valid upper bound (the subsample of
@@ -21,8 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fedpriv.privacy.accountants.base import Accountant, AccountantKind
+from fedpriv.privacy.accountants.distributed import rho as _distributed_rho
 from fedpriv.privacy.accountants.steps import Step, flatten
-from fedpriv.privacy.events import DpEvent, GaussianEvent, LaplaceEvent
+from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, DpEvent, GaussianEvent, LaplaceEvent
 
 
 def _gaussian_rho(m: GaussianEvent) -> float:
@@ -33,7 +36,11 @@ def _laplace_rho(m: LaplaceEvent) -> float:
     return math.inf if m.noise_multiplier == 0 else 0.5 / m.noise_multiplier**2
 
 
-RHO: dict[type, Callable[[Any], float]] = {GaussianEvent: _gaussian_rho, LaplaceEvent: _laplace_rho}
+RHO: dict[type, Callable[[Any], float]] = {
+    GaussianEvent: _gaussian_rho,
+    LaplaceEvent: _laplace_rho,
+    DistributedDiscreteGaussianEvent: _distributed_rho,
+}
 
 
 def rho_of(steps: Counter[Step]) -> float:
