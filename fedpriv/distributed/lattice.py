@@ -83,12 +83,14 @@ class Lattice:
 
 def sensitivity(clip: float, dimension: int, beta: float) -> float:
     """Δ₂ = √min((c + √d)², c² + d/4 + √(2 ln(1/β))·(c + √d/2)) for clip norm c (lattice units)."""
-    return clip * sensitivity_ratio(1 / clip, dimension, beta)
+    root_d, tail = math.sqrt(dimension), math.sqrt(2 * math.log(1 / beta))
+    conditional = clip * clip + dimension / 4 + tail * (clip + root_d / 2)
+    return math.sqrt(min((clip + root_d) * (clip + root_d), conditional))
 
 
 def sensitivity_ratio(inverse_clip: float, dimension: int, beta: float) -> float:
-    """Δ₂/c as a function of 1/c (no overflow for large c): how much rounding adds to the
-    sensitivity of a clip norm c."""
+    """Δ₂/c, the sensitivity's inflation by rounding, from 1/c (``fine_scale``'s search
+    spans c up to 2^1000, where ``sensitivity`` would overflow)."""
     root_d, tail = math.sqrt(dimension), math.sqrt(2 * math.log(1 / beta))
     square = inverse_clip * inverse_clip  # inf, not OverflowError, for a tiny c
     any_rounding = (1 + root_d * inverse_clip) * (1 + root_d * inverse_clip)
