@@ -14,6 +14,7 @@ from clients.secure_sum import answer_stage
 from fedpriv.secagg import RECORD_KEY, Requirements, StageInfo
 from server.secure_sum import secure_sum
 from tests.flower.inprocess import InProcessGrid
+from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 D, BITS = 500, 32
@@ -74,3 +75,29 @@ def test_a_node_that_refuses_is_dropped_and_too_few_left_discard_the_round() -> 
                         timeout=10.0, round_key="run/round-4")
     assert result.sum is None and result.survivors == ()
     assert all("this node needs at least 7" in result.dropped[n] for n in range(105, 111))
+
+
+class Meddling(InProcessGrid):
+    """Hands back, with each collect batch, a copy of node 101's reply claiming to come from
+    node 102 and a second copy from 101 (a forged and a duplicate reply)."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if stage_of(messages[0]) == "collect":
+            to_101 = next(m for m in messages if m.metadata.dst_node_id == 101)
+            first = next(r for r in replies if r.metadata.src_node_id == 101)
+            forged = set_metadata(Message(first.content, reply_to=to_101), src_node_id=102)
+            duplicate = set_metadata(Message(RecordDict({RECORD_KEY: ConfigRecord({"masked": b"x"})}),
+                                             reply_to=to_101), src_node_id=101)
+            replies = [forged] + replies + [duplicate]
+        return replies
+
+
+def test_replies_that_answer_no_message_of_the_node_or_repeat_are_ignored() -> None:
+    grid = Meddling({}, {node: {} for node in NODES}, client_app=app)
+    result = secure_sum(grid, NODES, dimension=D, modulus_bits=BITS, threshold=7,
+                        collect_content=lambda node: RecordDict({"plan": ConfigRecord({"round": 3})}),
+                        timeout=10.0, round_key="run/round-5")
+    assert result.reason is None and list(result.survivors) == NODES
+    assert result.sum.tolist() == [sum(int(known_vector(n)[i]) for n in NODES) % (1 << BITS) for i in range(D)]
