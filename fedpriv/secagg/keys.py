@@ -1,0 +1,65 @@
+"""Key material shared by the node's and the server's side, from Flower's primitives.
+
+Key agreement and key serialisation are ``flwr.supercore.primitives.asymmetric`` (P-384,
+PEM), the shared key is ``symmetric_encryption.generate_shared_key`` (ECDH + HKDF-SHA256,
+URL-safe base64 for Fernet). The first secret key is Shamir-shared as its 48-byte scalar
+(not its PEM text: four Shamir chunks instead of twelve), which the server checks against
+the node's public key after reconstructing it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
+
+SCALAR_BYTES = 48  # P-384
+MAX_KEY_BYTES = 1024
+
+
+def public_key(data: object) -> ec.EllipticCurvePublicKey:
+    """``data`` as a P-384 public key (PEM); ValueError for anything else."""
+    if not isinstance(data, bytes) or len(data) > MAX_KEY_BYTES:
+        raise ValueError("a public key is PEM bytes")
+    try:
+        key = bytes_to_public_key(data)
+    except Exception as err:  # cryptography raises ValueError or UnsupportedAlgorithm
+        raise ValueError("a public key is not a PEM P-384 key") from err
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP384R1):
+        raise ValueError("a public key is not a PEM P-384 key")
+    return key
+
+
+def scalar(private_pem: bytes) -> bytes:
+    """The 48-byte secret scalar of a PEM private key (what is Shamir-shared)."""
+    numbers = bytes_to_private_key(private_pem).private_numbers()
+    return numbers.private_value.to_bytes(SCALAR_BYTES, "big")
+
+
+def private_key(secret: bytes) -> ec.EllipticCurvePrivateKey:
+    """The P-384 private key of a 48-byte scalar; ValueError when it is not one."""
+    if len(secret) != SCALAR_BYTES:
+        raise ValueError("a secret key scalar is 48 bytes")
+    return ec.derive_private_key(int.from_bytes(secret, "big"), ec.SECP384R1())
+
+
+def matches(secret: bytes, public_pem: bytes) -> bool:
+    """Whether the scalar ``secret`` is the private key of ``public_pem``."""
+    try:
+        return public_key_to_bytes(private_key(secret).public_key()) == public_pem
+    except ValueError:
+        return False
+
+
+def mask_key(private: ec.EllipticCurvePrivateKey, public: ec.EllipticCurvePublicKey) -> bytes:
+    """The 32-byte pairwise mask key both ends of a pair derive."""
+    return base64.urlsafe_b64decode(generate_shared_key(private, public))
+
+
+def commitment(round_key: str, secret: bytes) -> bytes:
+    """SHA-256 commitment to a node's private-mask seed, sent before the shares are: the
+    server checks the seed it reconstructs, so a wrong share fails the check, not the sum."""
+    return hashlib.sha256(b"fedpriv.secagg.seed\0" + round_key.encode() + b"\0" + secret).digest()

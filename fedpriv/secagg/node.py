@@ -1,0 +1,306 @@
+"""A node's side of a secure sum: SecAgg+ with every cohort member a neighbour (k = n).
+
+The node answers the four stages (``stages.Stage``) of an untrusted server, each at most once
+per setup and in order; its state lives in a Flower ``ConfigRecord`` between messages
+(``NodeState.to_record``/``from_record``, kept in ``context.state``). Whatever the server
+claims, the node itself checks what its privacy rests on (``Requirements``, from its policy)
+and refuses (``SecAggRefusal``) before it sends anything that would weaken it:
+
+- the cohort is the distinct keys it receives (its own among them, unchanged), at least
+  ``min_cohort``; all keys distinct;
+- the threshold t exceeds ``max_colluders`` and is at most the cohort, and 2t > n + c: two
+  disjoint groups of honest nodes can then never each hand t shares of one node (one of b,
+  one of sk1) to a server that tells them different lists;
+- at least ``min_survivors`` - 1 others sent it shares before it masks its vector;
+- one unmask request per setup, answered only with disjoint active and dead lists of ids it
+  holds shares of, itself active, and at least max(min_survivors, t) active.
+
+A refused or out-of-order stage aborts the round: the node's secrets and the shares it holds
+are erased, so no later request of that round gets anything.
+
+The masked vector is (x + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits with b = os.urandom(32) fresh
+each round and s_uv from ECDH on the first key pair; shares of b and of sk1 go to every cohort
+member, encrypted under ECDH on the second key pair (Fernet). PRG is ChaCha20 (``prg``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+from cryptography.fernet import InvalidToken
+from flwr.app import ConfigRecord
+from flwr.common.secure_aggregation.crypto.shamir import create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    share_keys_plaintext_concat,
+    share_keys_plaintext_separate,
+)
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
+
+from fedpriv.secagg import keys, prg
+from fedpriv.secagg import stages as s
+from fedpriv.secagg.stages import Stage
+
+ABORTED = "aborted"
+PREVIOUS = {Stage.SHARE_KEYS: Stage.SETUP, Stage.COLLECT: Stage.SHARE_KEYS, Stage.UNMASK: Stage.COLLECT}
+
+
+class SecAggRefusal(ValueError):
+    """The node will not answer this stage (one-line reason); the round is aborted for it."""
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What the node's policy demands of a secure sum (``NodePolicy.min_cohort``,
+    ``min_survivors``, ``max_colluders``)."""
+
+    min_cohort: int
+    min_survivors: int
+    max_colluders: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_survivors <= self.min_cohort or self.max_colluders < 0:
+            raise ValueError("requirements need 1 <= min_survivors <= min_cohort and max_colluders >= 0")
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What the node saw of the round when it is asked for its vector."""
+
+    node_id: int
+    round_key: str
+    cohort_size: int
+    threshold: int
+    modulus_bits: int
+    dimension: int
+    senders: int
+    """Cohort members (itself included) whose shares it holds: the most that can survive."""
+
+
+@dataclass
+class NodeState:
+    """Everything a node keeps between stages; every field is a ConfigRecord value."""
+
+    stage: str = ""
+    node_id: int = 0
+    round_key: str = ""
+    threshold: int = 0
+    modulus_bits: int = 0
+    dimension: int = 0
+    sk1: bytes = b""
+    sk2: bytes = b""
+    pk1: bytes = b""
+    pk2: bytes = b""
+    seed: bytes = b""
+    cohort: list[int] = field(default_factory=list)
+    cohort_pk1: list[bytes] = field(default_factory=list)
+    cohort_pk2: list[bytes] = field(default_factory=list)
+    holders: list[int] = field(default_factory=list)  # whose shares it holds (itself first)
+    seed_shares: list[bytes] = field(default_factory=list)
+    sk1_shares: list[bytes] = field(default_factory=list)
+
+    def to_record(self) -> ConfigRecord:
+        return ConfigRecord({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def from_record(cls, record: ConfigRecord | None) -> NodeState:
+        if record is None:
+            return cls()
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+
+    def erase(self) -> None:
+        """Forget the round's secrets and every share held (after unmasking, or on abort)."""
+        self.sk1 = self.sk2 = self.seed = b""
+        self.holders, self.seed_shares, self.sk1_shares = [], [], []
+
+
+Contribute = Callable[[StageInfo], np.ndarray]
+
+
+def answer(state: NodeState, requirements: Requirements, node_id: int, config: Mapping[str, Any],
+           contribute: Contribute) -> dict[str, Any]:
+    """The node's reply to one stage's ``config`` from the server; ``contribute`` gives its
+    vector (length ``dimension``, taken mod 2^bits) once every check of the collect stage
+    passed. Any refusal or error aborts the round in ``state``."""
+    try:
+        stage = _next_stage(state, config)
+        if stage is Stage.SETUP:
+            return _setup(state, node_id, config)
+        if stage is Stage.SHARE_KEYS:
+            return _share_keys(state, requirements, config)
+        if stage is Stage.COLLECT:
+            return _collect(state, requirements, config, contribute)
+        return _unmask(state, requirements, config)
+    except BaseException:
+        state.stage = ABORTED
+        state.erase()
+        raise
+
+
+def _refuse(reason: str) -> SecAggRefusal:
+    return SecAggRefusal(f"secure aggregation refused: {reason}")
+
+
+def _next_stage(state: NodeState, config: Mapping[str, Any]) -> Stage:
+    try:
+        stage = Stage(config.get(s.STAGE))
+    except ValueError:
+        raise _refuse(f"unknown stage {config.get(s.STAGE)!r}") from None
+    if stage is not Stage.SETUP and state.stage != PREVIOUS[stage]:
+        raise _refuse(f"stage {stage} after {state.stage or 'nothing'}: each stage is answered once, in order")
+    state.stage = stage
+    return stage
+
+
+def _field(config: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = config.get(name)
+    if type(value) is not kind:  # bool is not an int here
+        raise _refuse(f"{name} must be {kind.__name__}")
+    return value
+
+
+def _list(config: Mapping[str, Any], name: str, kind: type) -> list[Any]:
+    value = config.get(name)
+    if not isinstance(value, list) or any(type(item) is not kind for item in value):
+        raise _refuse(f"{name} must be a list of {kind.__name__}")
+    return value
+
+
+def _distinct(values: Sequence[Any], name: str) -> set[Any]:
+    unique = set(values)
+    if len(unique) != len(values):
+        raise _refuse(f"{name} has repeated entries")
+    return unique
+
+
+def _setup(state: NodeState, node_id: int, config: Mapping[str, Any]) -> dict[str, Any]:
+    round_key = _field(config, s.ROUND_KEY, str)
+    if not 0 < len(round_key) <= s.MAX_ROUND_KEY:
+        raise _refuse(f"a round key has 1 to {s.MAX_ROUND_KEY} characters")
+    if round_key == state.round_key:
+        raise _refuse(f"round {round_key!r} was set up before: a replayed round is not answered")
+    threshold, bits = _field(config, s.THRESHOLD, int), _field(config, s.MODULUS_BITS, int)
+    dimension = _field(config, s.DIMENSION, int)
+    if threshold < 1 or not 1 <= bits <= prg.MAX_BITS or not 1 <= dimension <= s.MAX_DIMENSION:
+        raise _refuse(f"threshold >= 1, modulus bits in [1, {prg.MAX_BITS}] and dimension in "
+                      f"[1, {s.MAX_DIMENSION}] are needed")
+    state.erase()
+    state.node_id, state.round_key, state.threshold, state.modulus_bits, state.dimension = (
+        node_id, round_key, threshold, bits, dimension)
+    (sk1, pk1), (sk2, pk2) = generate_key_pairs(), generate_key_pairs()
+    state.sk1, state.pk1 = private_key_to_bytes(sk1), public_key_to_bytes(pk1)
+    state.sk2, state.pk2 = private_key_to_bytes(sk2), public_key_to_bytes(pk2)
+    state.cohort, state.cohort_pk1, state.cohort_pk2 = [], [], []
+    return {s.PK1: state.pk1, s.PK2: state.pk2}
+
+
+def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
+    ids, pk1s, pk2s = _list(config, s.IDS, int), _list(config, s.PK1, bytes), _list(config, s.PK2, bytes)
+    if not len(ids) == len(pk1s) == len(pk2s):
+        raise _refuse("ids and keys differ in length")
+    _distinct(ids, "the cohort")
+    _distinct(pk1s + pk2s, "the cohort's public keys")
+    n, t = len(ids), state.threshold
+    if state.node_id not in ids:
+        raise _refuse("this node is not in the cohort")
+    own = ids.index(state.node_id)
+    if (pk1s[own], pk2s[own]) != (state.pk1, state.pk2):
+        raise _refuse("this node's own public keys were altered")
+    if n < req.min_cohort:
+        raise _refuse(f"a cohort of {n} is below this node's minimum of {req.min_cohort}")
+    if not req.max_colluders < t <= n:
+        raise _refuse(f"threshold {t} must exceed the {req.max_colluders} tolerated colluders and be at most "
+                      f"the cohort of {n}")
+    if 2 * t <= n + req.max_colluders:
+        raise _refuse(f"threshold {t} must exceed (cohort {n} + colluders {req.max_colluders}) / 2")
+    peers = {nid: (keys.public_key(a), keys.public_key(b)) for nid, a, b in zip(ids, pk1s, pk2s)}
+    order = sorted(ids)
+    state.cohort = order
+    state.cohort_pk1 = [pk1s[ids.index(nid)] for nid in order]
+    state.cohort_pk2 = [pk2s[ids.index(nid)] for nid in order]
+    state.seed = os.urandom(32)
+    seed_shares = create_shares(state.seed, t, n)
+    sk1_shares = create_shares(keys.scalar(state.sk1), t, n)
+    sk2 = bytes_to_private_key(state.sk2)
+    destinations, ciphertexts = [], []
+    for index, nid in enumerate(order):
+        if nid == state.node_id:
+            state.holders, state.seed_shares, state.sk1_shares = [nid], [seed_shares[index]], [sk1_shares[index]]
+            continue
+        plaintext = share_keys_plaintext_concat(state.node_id, nid, seed_shares[index], sk1_shares[index])
+        destinations.append(nid)
+        ciphertexts.append(encrypt(generate_shared_key(sk2, peers[nid][1]), plaintext))
+    return {s.DESTINATIONS: destinations, s.CIPHERTEXTS: ciphertexts,
+            s.COMMITMENT: keys.commitment(state.round_key, state.seed)}
+
+
+def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], contribute: Contribute) -> dict[str, Any]:
+    sources, ciphertexts = _list(config, s.SOURCES, int), _list(config, s.CIPHERTEXTS, bytes)
+    if len(sources) != len(ciphertexts):
+        raise _refuse("sources and ciphertexts differ in length")
+    others = _distinct(sources, "the sources")
+    if not others <= set(state.cohort) - {state.node_id}:
+        raise _refuse("shares from a node outside the cohort (or from itself)")
+    if len(sources) + 1 < max(req.min_survivors, state.threshold):
+        raise _refuse(f"only {len(sources)} other nodes sent shares; this node needs "
+                      f"{max(req.min_survivors, state.threshold) - 1}")
+    sk2 = bytes_to_private_key(state.sk2)
+    for src, ciphertext in zip(sources, ciphertexts):
+        peer_pk2 = keys.public_key(state.cohort_pk2[state.cohort.index(src)])
+        try:
+            plaintext = decrypt(generate_shared_key(sk2, peer_pk2), ciphertext)
+        except InvalidToken:
+            raise _refuse(f"the shares from node {src} do not decrypt") from None
+        sender, receiver, seed_share, sk1_share = share_keys_plaintext_separate(plaintext)
+        if (sender, receiver) != (src, state.node_id) or not seed_share or not sk1_share:
+            raise _refuse(f"the shares from node {src} are not its shares for this node")
+        state.holders.append(src)
+        state.seed_shares.append(seed_share)
+        state.sk1_shares.append(sk1_share)
+    info = StageInfo(state.node_id, state.round_key, len(state.cohort), state.threshold, state.modulus_bits,
+                     state.dimension, len(state.holders))
+    vector = np.asarray(contribute(info))
+    if vector.shape != (state.dimension,) or vector.dtype.kind not in "ui":
+        raise ValueError(f"the contribution must be an integer vector of length {state.dimension}")
+    return {s.MASKED: prg.to_wire(masked(state, vector, sources), state.modulus_bits)}
+
+
+def masked(state: NodeState, vector: np.ndarray, neighbours: Sequence[int]) -> np.ndarray:
+    """(vector + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits: + for a neighbour of smaller id, - else."""
+    bits, d, round_key = state.modulus_bits, state.dimension, state.round_key
+    total = prg.reduce(vector, bits) + prg.mask(state.seed, "private", round_key, d, bits)
+    sk1 = bytes_to_private_key(state.sk1)
+    for nid in neighbours:
+        key = keys.mask_key(sk1, keys.public_key(state.cohort_pk1[state.cohort.index(nid)]))
+        pairwise = prg.mask(key, "pairwise", round_key, d, bits)
+        total = total + pairwise if state.node_id > nid else total - pairwise
+    return prg.reduce(total, bits)
+
+
+def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
+    active, dead = _list(config, s.ACTIVE, int), _list(config, s.DEAD, int)
+    active_set, dead_set = _distinct(active, "the active list"), _distinct(dead, "the dead list")
+    if active_set & dead_set:
+        raise _refuse(f"nodes {sorted(active_set & dead_set)} are listed both active and dead")
+    if not (active_set | dead_set) <= set(state.cohort):
+        raise _refuse("a listed node is outside the cohort")
+    if state.node_id not in active_set:
+        raise _refuse("this node, which sent its vector, is not listed active")
+    if not (active_set | dead_set) <= set(state.holders):
+        raise _refuse("a listed node sent this node no shares")
+    needed = max(req.min_survivors, state.threshold)
+    if len(active) < needed:
+        raise _refuse(f"{len(active)} active nodes; this node needs at least {needed}")
+    index = {nid: i for i, nid in enumerate(state.holders)}
+    shares = [state.seed_shares[index[nid]] for nid in active] + [state.sk1_shares[index[nid]] for nid in dead]
+    state.erase()
+    return {s.IDS: active + dead, s.SHARES: shares}

@@ -1,0 +1,270 @@
+"""The server's side of a secure sum, without messaging: each stage's per-node config from
+the previous replies, every reply checked (a missing or malformed one drops its node, never
+a crash), and the modular sum over the survivors once the masks are removed.
+
+Nodes that answered SETUP form the cohort U1; U2 answered SHARE_KEYS; U3 sent masked vectors
+(the survivors); UNMASK asks U3 for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
+A seed or key rebuilt from shares is checked (b against the node's commitment, sk1 against
+its public key) before use, so a node sending a wrong share makes the round fail or is
+outvoted, never a wrong sum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+
+from fedpriv.secagg import keys, prg
+from fedpriv.secagg import stages as s
+from fedpriv.secagg.stages import Stage
+
+MAX_TRIES = 64
+"""Subsets of t shares tried per secret before the round is given up."""
+
+
+@dataclass
+class SecureSumResult:
+    """The modular sum over ``survivors`` (None, with ``reason``, when the round is discarded)."""
+
+    sum: np.ndarray | None
+    reason: str | None
+    cohort: tuple[int, ...]
+    survivors: tuple[int, ...]
+    dropped: dict[int, str]
+    bytes_sent: dict[int, int]
+    """Bytes each node sent the server in this round."""
+    bytes_received: dict[int, int]
+    """Bytes the server sent each node in this round."""
+    extras: dict[int, Any] = field(default_factory=dict)
+    """What each survivor sent beside its masked vector (filled by a messaging driver)."""
+
+
+def wire_bytes(record: Mapping[str, Any]) -> int:
+    """Payload bytes of a ConfigRecord's values (bytes and str by length, numbers 8)."""
+    def size(value: Any) -> int:
+        if isinstance(value, list):
+            return sum(size(item) for item in value)
+        if isinstance(value, bytes):
+            return len(value)
+        if isinstance(value, str):
+            return len(value.encode())
+        return 8
+    return sum(len(name) + size(value) for name, value in record.items())
+
+
+class Malformed(ValueError):
+    """A reply that does not fit its stage."""
+
+
+class SecureAggregation:
+    """One secure sum over ``nodes``: ``requests()`` for the current stage, ``receive()`` its
+    replies, until ``done``; then ``result()``."""
+
+    def __init__(self, nodes: Sequence[int], *, dimension: int, modulus_bits: int, threshold: int,
+                 round_key: str) -> None:
+        if not 1 <= modulus_bits <= prg.MAX_BITS or not 1 <= dimension <= s.MAX_DIMENSION or threshold < 1:
+            raise ValueError("modulus_bits in [1, 64], dimension in [1, 2^28] and threshold >= 1 are needed")
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("nodes are repeated")
+        self.nodes = tuple(sorted(nodes))
+        self.dimension, self.modulus_bits, self.threshold, self.round_key = dimension, modulus_bits, threshold, round_key
+        self.stage: Stage | None = Stage.SETUP
+        self.live: list[int] = list(self.nodes)
+        self.dropped: dict[int, str] = {}
+        self.reason: str | None = None
+        self.pk1: dict[int, bytes] = {}
+        self.pk2: dict[int, bytes] = {}
+        self.commitments: dict[int, bytes] = {}
+        self.inbox: dict[int, tuple[list[int], list[bytes]]] = {}  # receiver → (sources, ciphertexts)
+        self.shared: list[int] = []  # U2
+        self.vectors: dict[int, np.ndarray] = {}
+        self.shares: dict[int, list[bytes]] = {}
+        self.asked: dict[int, list[int]] = {}
+        self.survivors: tuple[int, ...] = ()  # U3
+        self.asked_now: list[int] = []  # the nodes the current stage went to
+        self.bytes_sent = {node: 0 for node in self.nodes}
+        self.bytes_received = {node: 0 for node in self.nodes}
+
+    @property
+    def done(self) -> bool:
+        return self.stage is None
+
+    def requests(self) -> dict[int, dict[str, Any]]:
+        """Node → the config of the current stage (the stage's name included)."""
+        build = {Stage.SETUP: self._setup_config, Stage.SHARE_KEYS: self._share_keys_config,
+                 Stage.COLLECT: self._collect_config, Stage.UNMASK: self._unmask_config}[self.stage]
+        configs = {node: {s.STAGE: str(self.stage), **build(node)} for node in self.live}
+        for node, config in configs.items():
+            self.bytes_received[node] += wire_bytes(config)
+        if self.stage is Stage.UNMASK:
+            self.asked = {node: config[s.ACTIVE] + config[s.DEAD] for node, config in configs.items()}
+        return configs
+
+    def drop(self, node: int, reason: str) -> None:
+        """Leave ``node`` out from now on (the caller saw it fail)."""
+        if node in self.live:
+            self.live.remove(node)
+            self.dropped[node] = reason
+
+    def receive(self, replies: Mapping[int, Mapping[str, Any]]) -> None:
+        """Take the current stage's replies (node → its config); a node of ``live`` without a
+        valid one is dropped. Moves to the next stage, or ends the round."""
+        stage = self.stage
+        accept = {Stage.SETUP: self._accept_setup, Stage.SHARE_KEYS: self._accept_share_keys,
+                  Stage.COLLECT: self._accept_collect, Stage.UNMASK: self._accept_unmask}[stage]
+        self.asked_now = list(self.live)
+        for node in self.asked_now:
+            reply = replies.get(node)
+            if reply is None:
+                self.drop(node, f"no reply at {stage}")
+                continue
+            self.bytes_sent[node] += wire_bytes(reply)
+            try:
+                accept(node, reply)
+            except Malformed as err:
+                self.drop(node, f"malformed {stage} reply: {err}")
+        if stage is Stage.SETUP:
+            self._drop_repeated_keys()
+        if stage is Stage.SHARE_KEYS:
+            self.shared = list(self.live)
+        if stage is Stage.COLLECT:
+            self.survivors = tuple(self.live)
+        if stage is Stage.UNMASK:
+            self.stage = None
+            return
+        if len(self.live) < self.threshold:
+            self.reason = f"{len(self.live)} of {len(self.nodes)} nodes left after {stage}, threshold {self.threshold}"
+            self.stage = None
+            return
+        self.stage = list(Stage)[list(Stage).index(stage) + 1]
+
+    # -- configs
+    def _setup_config(self, node: int) -> dict[str, Any]:
+        return {s.THRESHOLD: self.threshold, s.MODULUS_BITS: self.modulus_bits, s.DIMENSION: self.dimension,
+                s.ROUND_KEY: self.round_key}
+
+    def _share_keys_config(self, node: int) -> dict[str, Any]:
+        return {s.IDS: list(self.live), s.PK1: [self.pk1[n] for n in self.live], s.PK2: [self.pk2[n] for n in self.live]}
+
+    def _collect_config(self, node: int) -> dict[str, Any]:
+        sources, ciphertexts = self.inbox.get(node, ([], []))
+        pairs = [(src, c) for src, c in zip(sources, ciphertexts) if src in self.live]
+        return {s.SOURCES: [src for src, _ in pairs], s.CIPHERTEXTS: [c for _, c in pairs]}
+
+    def _unmask_config(self, node: int) -> dict[str, Any]:
+        return {s.ACTIVE: list(self.live), s.DEAD: [n for n in self.shared if n not in self.live]}
+
+    # -- replies
+    def _accept_setup(self, node: int, reply: Mapping[str, Any]) -> None:
+        try:
+            keys.public_key(reply.get(s.PK1)), keys.public_key(reply.get(s.PK2))
+        except ValueError as err:
+            raise Malformed(str(err)) from None
+        self.pk1[node], self.pk2[node] = reply[s.PK1], reply[s.PK2]
+
+    def _drop_repeated_keys(self) -> None:
+        holders: dict[bytes, list[int]] = {}
+        for node in self.live:
+            for key in (self.pk1[node], self.pk2[node]):
+                holders.setdefault(key, []).append(node)
+        for owners in holders.values():
+            if len(owners) > 1:
+                for node in owners:
+                    self.drop(node, "malformed setup reply: a public key another node also sent")
+
+    def _accept_share_keys(self, node: int, reply: Mapping[str, Any]) -> None:
+        destinations, ciphertexts = _list(reply, s.DESTINATIONS, int), _list(reply, s.CIPHERTEXTS, bytes)
+        commitment = reply.get(s.COMMITMENT)
+        if sorted(destinations) != [n for n in self.asked_now if n != node] or len(ciphertexts) != len(destinations):
+            raise Malformed("shares for other nodes than the cohort")
+        if any(len(c) > s.MAX_CIPHERTEXT_BYTES for c in ciphertexts):
+            raise Malformed("a ciphertext is too long")
+        if not isinstance(commitment, bytes) or len(commitment) != 32:
+            raise Malformed("no 32-byte commitment")
+        self.commitments[node] = commitment
+        for dst, ciphertext in zip(destinations, ciphertexts):
+            sources, texts = self.inbox.setdefault(dst, ([], []))
+            sources.append(node)
+            texts.append(ciphertext)
+
+    def _accept_collect(self, node: int, reply: Mapping[str, Any]) -> None:
+        try:
+            self.vectors[node] = prg.from_wire(reply.get(s.MASKED), self.dimension, self.modulus_bits)
+        except ValueError as err:
+            raise Malformed(str(err)) from None
+
+    def _accept_unmask(self, node: int, reply: Mapping[str, Any]) -> None:
+        ids, shares = _list(reply, s.IDS, int), _list(reply, s.SHARES, bytes)
+        if ids != self.asked[node] or len(shares) != len(ids):
+            raise Malformed("shares of other nodes than asked")
+        if any(not 4 < len(share) <= s.MAX_SHARE_BYTES for share in shares):
+            raise Malformed("a share of the wrong size")
+        for owner, share in zip(ids, shares):
+            self.shares.setdefault(owner, []).append(share)
+
+    # -- the sum
+    def result(self) -> SecureSumResult:
+        """The sum over the survivors, or None with the reason the round is discarded."""
+        survivors = self.survivors
+        total, reason = None, self.reason
+        if reason is None and self.stage is not None:
+            reason = f"the round stopped at {self.stage}"
+        if reason is None:
+            total, reason = self._unmasked(survivors)
+        return SecureSumResult(total, reason, self.nodes, survivors if total is not None else (),
+                               dict(self.dropped), dict(self.bytes_sent), dict(self.bytes_received))
+
+    def _unmasked(self, survivors: tuple[int, ...]) -> tuple[np.ndarray | None, str | None]:
+        bits, d, round_key = self.modulus_bits, self.dimension, self.round_key
+        dead = [n for n in self.shared if n not in survivors]
+        total = np.zeros(d, dtype=np.uint64)
+        for node in survivors:
+            total += self.vectors[node]
+        for node in survivors:
+            seed = self._rebuild(node, lambda b, n=node: keys.commitment(round_key, b) == self.commitments[n])
+            if seed is None:
+                return None, f"the mask seed of node {node} could not be rebuilt from the shares"
+            total -= prg.mask(seed, "private", round_key, d, bits)
+        for node in dead:
+            secret = self._rebuild(node, lambda k, n=node: keys.matches(k, self.pk1[n]))
+            if secret is None:
+                return None, f"the key of dropped node {node} could not be rebuilt from the shares"
+            private = keys.private_key(secret)
+            for peer in survivors:
+                pairwise = prg.mask(keys.mask_key(private, keys.public_key(self.pk1[peer])), "pairwise", round_key, d, bits)
+                if node > peer:  # the peer subtracted it
+                    total += pairwise
+                else:
+                    total -= pairwise
+        return prg.reduce(total, bits), None
+
+    def _rebuild(self, owner: int, valid: Callable[[bytes], bool]) -> bytes | None:
+        """The secret of ``owner`` from t of its shares that pass ``valid``; subsets of t tried
+        in order, then at random (a few wrong shares are outvoted), at most ``MAX_TRIES``."""
+        shares, t = self.shares.get(owner, []), self.threshold
+        if len(shares) < t:
+            return None
+        ordered = itertools.islice(itertools.combinations(range(len(shares)), t), MAX_TRIES // 2)
+        rng = random.Random(owner)  # which subsets to try: nothing secret
+        shuffled = (tuple(rng.sample(range(len(shares)), t)) for _ in range(MAX_TRIES // 2))
+        for subset in itertools.chain(ordered, shuffled):
+            try:
+                secret = combine_shares([shares[i] for i in subset])
+            except Exception:  # malformed shares: pycryptodome raises several kinds
+                continue
+            if valid(secret):
+                return secret
+        return None
+
+
+def _list(reply: Mapping[str, Any], name: str, kind: type) -> list[Any]:
+    value = reply.get(name)
+    if not isinstance(value, list) or any(type(item) is not kind for item in value):
+        raise Malformed(f"{name} must be a list of {kind.__name__}")
+    return value

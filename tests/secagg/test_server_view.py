@@ -1,0 +1,51 @@
+"""What the server sees of a secure sum: each node's masked vector on its own is uniform on
+Z_{2^32} (chi-square on the top 8 bits, KS against the uniform law) and independent of the
+node's input (two very different inputs give indistinguishable masked vectors: two-sample
+KS), while the unmasked sum of the recorded round is the exact sum of the inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from fedpriv.secagg import Stage, prg
+from tests.secagg.simulate import simulate
+
+D = 40_000
+ALPHA = 1e-3
+
+
+def masked_vectors(inputs: dict[int, np.ndarray], seed: int) -> tuple[dict[int, np.ndarray], object]:
+    r = simulate(len(inputs), D, vectors=inputs, seed=seed)
+    everything = [(stage, node, reply) for stage, node, reply in r.received]
+    vectors = {node: prg.from_wire(reply["masked"], D, 32) for stage, node, reply in everything
+               if stage is Stage.COLLECT}
+    assert set(vectors) == set(inputs)
+    return vectors, r
+
+
+def test_each_masked_vector_alone_is_uniform_and_independent_of_the_input() -> None:
+    nodes = range(11, 16)
+    zeros = {u: np.zeros(D, dtype=np.uint64) for u in nodes}
+    ramp = np.arange(D, dtype=np.uint64) * 104_729 % (1 << 32)  # spans the range, very unlike 0
+    other = {u: (ramp if u == 11 else np.zeros(D, dtype=np.uint64)) for u in nodes}
+    seen_zero, r = masked_vectors(zeros, seed=1)
+    seen_ramp, _ = masked_vectors(other, seed=2)
+    assert np.array_equal(r.result.sum, np.zeros(D, dtype=np.uint64))
+    for vector in list(seen_zero.values()) + [seen_ramp[11]]:
+        top = (vector >> np.uint64(24)).astype(np.int64)
+        assert stats.chisquare(np.bincount(top, minlength=256)).pvalue > ALPHA
+        assert stats.kstest(vector / 2.0**32, "uniform").pvalue > ALPHA
+    assert stats.ks_2samp(seen_zero[11] / 2.0**32, seen_ramp[11] / 2.0**32).pvalue > ALPHA
+    # the input itself is far from uniform: the same tests see it at once
+    assert stats.ks_2samp(zeros[11] / 2.0**32, ramp / 2.0**32).pvalue < ALPHA
+
+
+def test_the_recorded_round_decodes_to_the_exact_sum() -> None:
+    r = simulate(6, 2000, seed=3)
+    assert r.result.reason is None
+    assert np.array_equal(r.result.sum, r.true_sum(32))
+    stages = {stage for stage, _, _ in r.received}
+    assert stages == set(Stage)
+    assert all(set(reply) <= {"pk1", "pk2", "destinations", "ciphertexts", "commitment", "masked", "ids", "shares"}
+               for _, _, reply in r.received)
