@@ -35,7 +35,7 @@ from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import build_model
 from fedpriv.privacy import distributed_dpsgd_event
-from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan
@@ -101,12 +101,11 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
     cohort = len(nodes)
     # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
     plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(settings.rounds / steps_per_epoch(q)))
-    if settings.target_epsilon is not None:
-        sigma = calibrate_noise_multiplier(
-            settings.target_epsilon, settings.delta, q, settings.rounds,
-            event=lambda s: nominal_event(s, q, lattice, cohort, settings.rounds),
-        )
-        plan = dataclasses.replace(plan, noise_multiplier=sigma)
+    if settings.target_epsilon is not None:  # the share whose K copies reach the target, as a σ
+        share = calibrate_distributed_noise(settings.target_epsilon, settings.delta, q, settings.rounds, cohort,
+                                            lattice.sensitivity, dimension)
+        plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / (plan.max_grad_norm
+                                                                                      * lattice.scale))
     check_headroom(lattice, max_lot=math.ceil(total), total_noise_stddev=plan.noise_multiplier * plan.max_grad_norm
                    * lattice.scale)
     return DistributedSetup(plan, q, lattice, cohort)
