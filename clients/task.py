@@ -153,7 +153,7 @@ def training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
     """Seed of one training's lots and noise; unused (0) where they come from the CSPRNG."""
     if policy.randomness is Randomness.SECURE:
         return 0
-    return seededtraining_seed(policy.seed or 0, run_id, ordinal)
+    return seeded_training_seed(policy.seed or 0, run_id, ordinal)
 
 
 def evaluate(msg: Message, context: Context) -> RecordDict:

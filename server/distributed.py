@@ -153,19 +153,19 @@ class DistributedFedAvg(BudgetedFedAvg):
         )
         for node in cohort:
             if node not in result.survivors:
-                round_log.failed[self.nodes[node].client_id] = result.why_dropped(node)
+                round_log.failed[self.nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
         round_log.survivors = [self.nodes[n].client_id for n in result.survivors]
         ledger = self.ledger.snapshot()
         round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
         round_log.train_seconds = time.perf_counter() - self._round_start
-        if result.total is None:
+        if result.sum is None:
             round_log.discarded = f"secure aggregation gave no sum: {result.reason}; the previous model is kept"
             log(WARNING, "Round %d: %s", server_round, round_log.discarded)
             return arrays
         expected_lot = self.distributed.sample_rate * sum(self.nodes[n].weight for n in result.survivors)
         log(INFO, "Round %d: secure sum of %d of %d nodes; one step on an expected lot of %.1f",
             server_round, len(result.survivors), len(cohort), expected_lot)
-        return self._step(server_round, arrays, decode_sum(result.total, self.distributed.lattice) / expected_lot)
+        return self._step(server_round, arrays, decode_sum(result.sum, self.distributed.lattice) / expected_lot)
 
     def _step(self, server_round: int, arrays: ArrayRecord, gradient: torch.Tensor) -> ArrayRecord:
         """One optimizer step of the global model along ``gradient`` (flat, in

@@ -100,6 +100,7 @@ class SecureAggregation:
         build = {Stage.SETUP: self._setup_config, Stage.SHARE_KEYS: self._share_keys_config,
                  Stage.COLLECT: self._collect_config, Stage.UNMASK: self._unmask_config}[self.stage]
         configs = {node: {s.STAGE: str(self.stage), **build(node)} for node in self.live}
+        self.asked_now = list(configs)  # what each reply of this stage is checked against
         for node, config in configs.items():
             self.bytes_received[node] += wire_bytes(config)
         if self.stage is Stage.UNMASK:
@@ -118,8 +119,9 @@ class SecureAggregation:
         stage = self.stage
         accept = {Stage.SETUP: self._accept_setup, Stage.SHARE_KEYS: self._accept_share_keys,
                   Stage.COLLECT: self._accept_collect, Stage.UNMASK: self._accept_unmask}[stage]
-        self.asked_now = list(self.live)
         for node in self.asked_now:
+            if node not in self.live:  # dropped by the caller meanwhile (it refused)
+                continue
             reply = replies.get(node)
             if reply is None:
                 self.drop(node, f"no reply at {stage}")

@@ -60,9 +60,15 @@ def test_each_node_books_its_own_worst_case_and_the_server_the_nominal_cohort(tm
                                       resolved["dimension"], q, 2)
     two_shares = distributed_dpsgd_event(sigma * clip * scale / math.sqrt(2), 2, resolved["sensitivity"],
                                          resolved["dimension"], q, 2)
-    # the server's ledger: the nominal cohort; node 2's: its own worst case, a larger ε
+    # the server's ledger: the nominal cohort. Node 2 guarantees only 2 honest shares, so its
+    # own share is √(3/2) larger: its 2 shares alone carry σ, and it books that same ε
     assert history.final_epsilon()["0"] == pytest.approx(epsilon_of(nominal, 1e-5))
-    assert epsilon_of(two_shares, 1e-5) > epsilon_of(nominal, 1e-5)
+    assert epsilon_of(two_shares, 1e-5) == pytest.approx(epsilon_of(nominal, 1e-5))
+    # one share fewer than it assumes would not: a node that trusted the server's K = 3
+    # while only 2 honest shares remain would have spent more than it booked
+    short = distributed_dpsgd_event(sigma * clip * scale / math.sqrt(3), 2, resolved["sensitivity"],
+                                    resolved["dimension"], q, 2)
+    assert epsilon_of(short, 1e-5) > epsilon_of(nominal, 1e-5)
 
 
 def _initial_sha():
@@ -95,7 +101,7 @@ def test_one_node_with_the_whole_lot_steps_exactly_as_centralized_dp_sgd_without
     independently with torch.func, to within the lattice's rounding."""
     run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 1, "limit-train": 20, "lot-size": 20,
                                                       "noise-multiplier": 1e-9, "state-dir": str(tmp_path / "server")})
-    nodes = _nodes(tmp_path, shared_data_dir, [{"min-cohort": 1}])
+    nodes = _nodes(tmp_path, shared_data_dir, [{"min-cohort": 1, "epsilon-budget": math.inf}])
     history = run_server(InProcessGrid(run_config, nodes), run_config)
     assert history.rounds[0].survivors == ["0"]
     scale = history.resolved["lattice_scale"]
