@@ -264,7 +264,7 @@ def memory() -> dict[str, Any]:
                        ("scatter_linear", "bookkeeping"), ("cifar_cnn", "bookkeeping")):
         model = build_model(name, seed=0).cuda()
         shape = input_shape(name, IMAGE_SHAPES[DATASET_OF[name]])
-        config = DPSGDConfig(1.0, 1.0, sample_rate=0.01, grad_sample_mode=mode)
+        config = DPSGDConfig(1.0, 1.0, sample_rate=0.01, grad_sample_mode=GradSampleMode(mode))
         started = time.perf_counter()
         step = measure_step_memory(model, shape, config)
         measure_s = time.perf_counter() - started
