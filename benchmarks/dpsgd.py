@@ -23,12 +23,14 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import DeviceType
 
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.dpsgd.config import GradSampleMode
@@ -179,7 +181,8 @@ def stage_breakdown(
     model_name: str, x: torch.Tensor, y: torch.Tensor, device: torch.device, steps: int = PROFILED_STEPS
 ) -> dict:
     """ms per step of each fedpriv stage and of the non-private step, from one profile of
-    ``steps`` steps of each (after a warm-up); profiling adds a little to both."""
+    ``steps`` steps of each (after a warm-up); profiling adds a little to both.  On CUDA also
+    the ``gpu_ms`` of the kernels each launched: CPU ms well above them mean a launch-bound step."""
     from torch.profiler import ProfilerActivity, profile
 
     fedpriv_run = fedpriv("auto")(build_model(model_name, seed=0).to(device), x, y)
@@ -193,12 +196,31 @@ def stage_breakdown(
         with torch.profiler.record_function("fedpriv.step"):
             fedpriv_run(steps)
             _sync(device)
-    totals = {e.key: e.cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    averages = prof.key_averages()
+    result = _step_parts(per_step_ms(averages, steps), "ms")
+    if device.type == "cuda":  # the CPU times above then include waiting for the GPU at the end
+        result |= _step_parts(per_step_gpu_ms(averages, steps), "gpu_ms")
+    return result
+
+
+def _step_parts(totals: dict[str, float], unit: str) -> dict[str, Any]:
     stages = {name.removeprefix("dpsgd."): totals.get(name, 0.0) for name in STAGES}
     stages["other"] = totals["fedpriv.step"] - sum(stages.values())  # set-up, loop, progress bar
-    return {"nonprivate_step_ms": round(totals["nonprivate.step"], 3),
-            "fedpriv_step_ms": round(totals["fedpriv.step"], 3),
-            "fedpriv_stages_ms": {name: round(ms, 3) for name, ms in stages.items()}}
+    return {f"nonprivate_step_{unit}": round(totals["nonprivate.step"], 3),
+            f"fedpriv_step_{unit}": round(totals["fedpriv.step"], 3),
+            f"fedpriv_stages_{unit}": {name: round(ms, 3) for name, ms in stages.items()}}
+
+
+def per_step_ms(averages: Iterable[Any], steps: int) -> dict[str, float]:
+    """CPU ms per step of each range in ``prof.key_averages()``.  With CUDA activity a range
+    is listed twice, as a CPU row and as a CUDA row with no CPU time: only the CPU row counts."""
+    return {e.key: e.cpu_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CPU}
+
+
+def per_step_gpu_ms(averages: Iterable[Any], steps: int) -> dict[str, float]:
+    """GPU ms per step of each range: the time of the kernels it launched (its CPU row's device
+    time; the CUDA row's is the range's span on the GPU's timeline, idle gaps included)."""
+    return {e.key: e.device_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CPU}
 
 
 def _ratios(best: dict[tuple[str, str], float], model: str) -> dict[str, float | None]:
@@ -223,6 +245,10 @@ def print_table(result: dict) -> None:
     for model, parts in result["breakdown"].items():
         stages = ", ".join(f"{k} {v}" for k, v in parts["fedpriv_stages_ms"].items())
         print(f"{model:<6} non-private {parts['nonprivate_step_ms']}; fedpriv {parts['fedpriv_step_ms']}: {stages}")
+        if "fedpriv_stages_gpu_ms" in parts:
+            stages = ", ".join(f"{k} {v}" for k, v in parts["fedpriv_stages_gpu_ms"].items())
+            print(f"{'':<6} GPU kernels: non-private {parts['nonprivate_step_gpu_ms']}; "
+                  f"fedpriv {parts['fedpriv_step_gpu_ms']}: {stages}")
 
 
 def build_parser() -> argparse.ArgumentParser:
