@@ -46,6 +46,7 @@ from server.ledger import ServerLedger
 from server.secure_sum import secure_sum
 from server.strategy import BudgetedFedAvg
 
+
 @dataclass(frozen=True)
 class DistributedSetup:
     """What every round of a distributed run uses: the plan (σ calibrated for the nominal
@@ -122,6 +123,10 @@ class DistributedFedAvg(BudgetedFedAvg):
         self.model = model
         self._optimizer: torch.optim.Optimizer | None = None
         self._epoch = 0
+
+    def resolved(self) -> dict[str, object]:
+        """The distributed setup (``DistributedSetup.resolved``)."""
+        return self.distributed.resolved()
 
     def _add(self, node: int, assignment: Assignment) -> None:
         """Every node runs the run's one distributed plan (its σ is the cohort's, not its own)."""

@@ -31,16 +31,16 @@ from fedpriv.federation import protocol
 from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
 from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
-from fedpriv.training import evaluate
-from server.assign import Assigner, Assignment
+from fedpriv.training import TrainingPlan, evaluate
 from server import distributed
+from server.assign import Assigner, Assignment
 from server.discovery import ClientInfo, describe_nodes, discover
+from server.distributed import DistributedFedAvg
 from server.exchange import send_and_receive
 from server.history import History, by_client, epsilon_summary
 from server.ledger import ServerLedger
 from server.progress import Progress
 from server.state import Checkpoint, ServerState
-from server.distributed import DistributedFedAvg
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 LATE_NODE_TIMEOUT_S = 120.0
@@ -78,15 +78,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model = build_model(model_name, settings.seed)
     history, run_key, first, arrays = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
-    options = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
-                   seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
-    strategy: BudgetedFedAvg
-    if settings.privacy is PrivacyMode.DISTRIBUTED:
-        nodes = assigner(discovered)
-        strategy = DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, assigner.plan, nodes),
-                                     build_model(model_name, settings.seed), **options)
-    else:
-        strategy = BudgetedFedAvg(ledger, assigner(discovered), history, run_key, **options)  # type: ignore[arg-type]
+    strategy = _strategy(settings, ledger, assigner(discovered), history, run_key, assigner.plan, admit)
     evaluate_fn = _central_evaluation(settings, history, model_name, model)
     with Progress(settings.rounds, done=first - 1) as progress:
         if first == 1:
@@ -117,9 +109,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     spent = ledger.snapshot()
     history.spent = {a.client_id: spent.spent(a.client_id) for a in strategy.nodes.values()}
     history.model_sha256 = model_sha256(model)
-    history.resolved = resolved(ledger, assigner, strategy.nodes.values())
-    if isinstance(strategy, DistributedFedAvg):
-        history.resolved |= strategy.distributed.resolved()
+    history.resolved = resolved(ledger, assigner, strategy.nodes.values()) | strategy.resolved()
     history.wall_time_s = time.perf_counter() - start
     log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:
@@ -127,6 +117,19 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
         if not (out / "ledger.json").exists():
             ledger.snapshot().save(out / "ledger.json")
     return history
+
+
+def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assignment], history: History,
+              run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]]
+              ) -> BudgetedFedAvg:
+    """The run's strategy: budget-aware FedAvg of local DP-SGD updates, or, with
+    ``privacy = "distributed"``, one secure sum and one server step per round."""
+    options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
+                                   seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
+    if settings.privacy is PrivacyMode.DISTRIBUTED:
+        return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes),
+                                 build_model(plan.model, settings.seed), **options)
+    return BudgetedFedAvg(ledger, nodes, history, run_key, **options)
 
 
 def _start(settings: RunSettings, state: ServerState | None,

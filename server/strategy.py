@@ -98,6 +98,10 @@ class BudgetedFedAvg(FedAvg):
         self._afford: dict[tuple[Any, ...], bool] = {}
         self._round_start = 0.0
 
+    def resolved(self) -> dict[str, Any]:
+        """What ``results.json``'s ``resolved`` adds for this strategy (nothing here)."""
+        return {}
+
     def summary(self) -> None:
         """Log the sampling and budget settings."""
         super().summary()
