@@ -12,6 +12,7 @@ from fedpriv.data import load_dataset
 from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import distributed_dpsgd_event, epsilon_of
 from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, PoissonSampledEvent, SelfComposedEvent
+from fedpriv.secagg.stages import RECORD_KEY, Stage
 from server.run import run_server
 from server.state import ServerState
 from tests.flower.inprocess import InProcessGrid, booked, node_config
@@ -123,3 +124,35 @@ def test_one_node_with_the_whole_lot_steps_exactly_as_centralized_dp_sgd_without
     got = torch.cat([p.detach().reshape(-1) for p in trained.parameters()]).double()
     # per coordinate: each of the 20 rounded examples is off by < 1 lattice unit
     assert (got - expected).abs().max().item() <= 4.0 * 20 / scale / 20 + 1e-6
+
+
+def test_a_node_lost_after_masking_leaves_a_round_whose_survivors_still_carry_the_booked_noise(tmp_path,
+                                                                                               shared_data_dir):
+    """5 nodes tolerating one dropout (n = 4 honest shares each); node 4's masked vector is
+    lost: the round is unmasked over the 4 survivors, whose shares alone carry σ·C·scale, and
+    every node, the lost one too, has booked the round."""
+    run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 5, "limit-train": 100})
+    grid = InProcessGrid(run_config, _nodes(tmp_path, shared_data_dir, [{"min-cohort": 5, "max-dropouts": 1}] * 5))
+    grid.lose = lambda node, message: node == 14 and _stage(message) == Stage.COLLECT
+    history = run_server(grid, run_config)
+    (round_log,) = history.rounds
+    assert round_log.survivors == ["0", "1", "2", "3"] and round_log.discarded is None
+    assert history.model_sha256 != _initial_sha()
+    for i in range(5):
+        (train,) = [e for k, e in booked(tmp_path / f"node{i}")[str(i)].items() if k.endswith("/train")]
+        assert _ddg(train).shares == 4
+
+
+def test_a_round_with_more_dropouts_than_the_nodes_tolerate_is_discarded_not_stepped(tmp_path, shared_data_dir):
+    run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 5, "limit-train": 100})
+    grid = InProcessGrid(run_config, _nodes(tmp_path, shared_data_dir, [{"min-cohort": 5, "max-dropouts": 1}] * 5))
+    grid.lose = lambda node, message: node in (13, 14) and _stage(message) == Stage.COLLECT
+    history = run_server(grid, run_config)
+    (round_log,) = history.rounds
+    assert round_log.discarded and "no sum" in round_log.discarded
+    assert history.model_sha256 == _initial_sha()  # nothing stepped with less noise than booked
+
+
+def _stage(message):
+    record = message.content.config_records.get(RECORD_KEY)
+    return None if record is None else record.get("stage")
