@@ -16,13 +16,16 @@ is compared at equal noise and its ε is what its nodes' ledgers book for it: th
 subsampling bound for the discrete mechanism (``docs/accounting.md``) is larger than the
 Gaussian's. ``--distributed-sigma target`` calibrates it for the target ε instead.
 Writes ``{"points": [{"mode", "clients", "accuracy", "epsilon", "noise_multiplier",
-"steps", "seconds"}, ...]}``; the centralized point has clients 1.
+"steps", "seconds"}, ...]}`` (federated points add ``rounds`` and ``round_seconds``, the
+mean time of a round's training phase: secure aggregation's overhead against local mode);
+the centralized point has clients 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sigma = resolved.get("noise_multiplier") or next(iter(resolved["clients"].values()))["noise_multiplier"]
                 points.append({"mode": mode, "clients": clients, "accuracy": result["final_accuracy"],
                                "epsilon": max(result["node_epsilon"].values()), "noise_multiplier": sigma,
-                               "steps": steps, "seconds": seconds, "rounds": len(result["rounds"])})
+                               "steps": steps, "seconds": seconds, "rounds": len(result["rounds"]),
+                               "round_seconds": statistics.mean(r["train_seconds"] for r in result["rounds"])})
                 print(json.dumps(points[-1]), file=sys.stderr, flush=True)
     report = {"target_epsilon": args.target_epsilon, "distributed_sigma": args.distributed_sigma,
               "delta": args.delta, "epochs": epochs,

@@ -137,8 +137,10 @@ class DistributedFedAvg(BudgetedFedAvg):
         return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
 
     def threshold(self, cohort: int) -> int:
-        """SecAgg's reconstruction threshold: an honest majority of the cohort."""
-        return cohort // 2 + 1
+        """SecAgg's reconstruction threshold t = ⌊2K/3⌋ + 1: a node with c colluders demands
+        2t > K + c (so no two disjoint sets of t rebuild both of its secrets), which this
+        meets for c < K/3; up to K − t nodes may drop out."""
+        return 2 * cohort // 3 + 1
 
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Sample and book the cohort, securely sum its contributions, step; the new model

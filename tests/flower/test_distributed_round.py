@@ -79,21 +79,21 @@ def _initial_sha():
 
 
 def test_a_node_whose_policy_does_not_allow_it_refuses_and_books_nothing(tmp_path, shared_data_dir):
-    run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 3})
-    policies = [{"min-cohort": 2}, {"min-cohort": 2}, {"min-cohort": 2, "allow-distributed": False}]
+    run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 4})
+    policies = [{"min-cohort": 2}] * 3 + [{"min-cohort": 2, "allow-distributed": False}]
     history = run_server(InProcessGrid(run_config, _nodes(tmp_path, shared_data_dir, policies)), run_config)
-    (round_log,) = history.rounds
-    assert round_log.survivors == ["0", "1"] and "2" in round_log.failed
-    assert not [k for k in booked(tmp_path / "node2").get("2", {}) if k.endswith("/train")]
+    (round_log,) = history.rounds  # 3 of 4 survive: SecAgg's threshold ⌊2·4/3⌋ + 1 = 3
+    assert round_log.survivors == ["0", "1", "2"] and "allow-distributed" in round_log.failed["3"]
+    assert not [k for k in booked(tmp_path / "node3").get("3", {}) if k.endswith("/train")]
 
 
 def test_a_cohort_below_a_nodes_minimum_is_refused_before_that_node_books(tmp_path, shared_data_dir):
-    run_config = _config(shared_data_dir, rounds=1)
-    policies = [{"min-cohort": 2}, {"min-cohort": 2}, {"min-cohort": 5}]
+    run_config = _config(shared_data_dir, rounds=1, **{"min-clients": 4})
+    policies = [{"min-cohort": 2}] * 3 + [{"min-cohort": 5}]
     history = run_server(InProcessGrid(run_config, _nodes(tmp_path, shared_data_dir, policies)), run_config)
     (round_log,) = history.rounds
-    assert round_log.survivors == ["0", "1"] and "2" in round_log.failed
-    assert not [k for k in booked(tmp_path / "node2").get("2", {}) if k.endswith("/train")]
+    assert round_log.survivors == ["0", "1", "2"] and "below this node's minimum" in round_log.failed["3"]
+    assert not [k for k in booked(tmp_path / "node3").get("3", {}) if k.endswith("/train")]
     assert [k for k in booked(tmp_path / "node0")["0"] if k.endswith("/train")]
 
 
