@@ -79,7 +79,7 @@ def distributed_contribution(
     noise_stddev = lattice.noise_stddev(noise_multiplier, honest_shares)
     _check_generators(secure, sampling_generator, rounding_generator, noise_generator, noise_stddev, features.device)
     check_sample_rate(sample_rate)
-    if secure:
+    if sampling_generator is None:  # secure (checked above)
         lot = secure_poisson_lot(len(features), sample_rate, features.device)
     else:
         lot = poisson_lot(len(features), sample_rate, sampling_generator)

@@ -14,8 +14,8 @@ from fedpriv.distributed.rounding import MAX_TRIES, conditional_round
 
 def paper_bound(clip: float, dimension: int, beta: float) -> float:
     """√min((c + √d)², c² + d/4 + √(2 ln(1/β))·(c + √d/2)), the paper's expression."""
-    return math.sqrt(min((clip + math.sqrt(dimension)) ** 2,
-                         clip**2 + dimension / 4 + math.sqrt(2 * math.log(1 / beta)) * (clip + math.sqrt(dimension) / 2)))
+    root_d, tail = math.sqrt(dimension), math.sqrt(2 * math.log(1 / beta))
+    return math.sqrt(min((clip + root_d) ** 2, clip**2 + dimension / 4 + tail * (clip + root_d / 2)))
 
 
 def rows_of_norm(count: int, dimension: int, norm: float, seed: int) -> torch.Tensor:
@@ -83,7 +83,8 @@ def test_a_row_that_cannot_meet_the_bound_is_a_bug_not_a_loop():
 
 def test_rows_and_bounds_it_cannot_round_exactly_are_refused():
     generator = torch.Generator().manual_seed(0)
-    for rows in (torch.tensor([[math.nan, 0.0]], dtype=torch.float64), torch.tensor([[2.0**27, 0.0]], dtype=torch.float64)):
+    for entry in (math.nan, 2.0**27):
+        rows = torch.tensor([[entry, 0.0]], dtype=torch.float64)
         with pytest.raises(ValueError, match="finite"):
             conditional_round(rows, 10.0, generator)
     with pytest.raises(ValueError, match="float64"):

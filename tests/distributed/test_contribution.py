@@ -20,6 +20,7 @@ from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.sampling import poisson_lot
 
 RATE, C, RECORDS = 0.3, 0.5, 150
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def small_model() -> nn.Module:
@@ -37,10 +38,11 @@ def dimension(model: nn.Module) -> int:
 
 
 def contribute(model, data, node: int, lattice: Lattice, noise_multiplier: float, noise_seed: int | None = None):
+    device = data[0].device
     return distributed_contribution(
         model, *data, sample_rate=RATE, lattice=lattice, noise_multiplier=noise_multiplier, honest_shares=2,
-        sampling_generator=torch.Generator().manual_seed(100 + node),
-        rounding_generator=torch.Generator().manual_seed(200 + node),
+        sampling_generator=torch.Generator(device).manual_seed(100 + node),
+        rounding_generator=torch.Generator(device).manual_seed(200 + node),
         noise_generator=None if noise_seed is None else np.random.default_rng(noise_seed), secure=False,
         max_physical_batch_size=16,
     )
@@ -55,7 +57,7 @@ def engine_clipped_sum(model: nn.Module, data, lot: torch.Tensor) -> torch.Tenso
     flat.zero_()
     with clipped_sum_function(model, params, F.cross_entropy, config) as clipped_sum:
         add_clipped_sums_(clipped_sum, *data, lot, grads, config)
-    return flat.double()
+    return flat.double().cpu()
 
 
 def server_decodes(contributions, lattice: Lattice) -> torch.Tensor:
@@ -64,13 +66,15 @@ def server_decodes(contributions, lattice: Lattice) -> torch.Tensor:
 
 
 def union_reference(model, nodes) -> tuple[torch.Tensor, int]:
-    lots = [poisson_lot(RECORDS, RATE, torch.Generator().manual_seed(100 + node)) for node in range(len(nodes))]
+    device = nodes[0][0].device
+    lots = [poisson_lot(RECORDS, RATE, torch.Generator(device).manual_seed(100 + node)) for node in range(len(nodes))]
     return sum(engine_clipped_sum(model, data, lot) for data, lot in zip(nodes, lots)), sum(map(len, lots))
 
 
-def test_without_noise_the_decoded_sum_is_the_engines_clipped_sum_of_the_union_lot():
-    model = small_model()
-    nodes = [node_data(1), node_data(2)]
+@pytest.mark.parametrize("device", DEVICES)
+def test_without_noise_the_decoded_sum_is_the_engines_clipped_sum_of_the_union_lot(device):
+    model = small_model().to(device)
+    nodes = [tuple(t.to(device) for t in node_data(seed)) for seed in (1, 2)]
     lattice = Lattice(scale=2.0**20, max_grad_norm=C, dimension=dimension(model))
     check_headroom(lattice, 2 * RECORDS, 0.0)
     reference, examples = union_reference(model, nodes)
@@ -87,10 +91,10 @@ def test_without_noise_the_decoded_sum_is_the_engines_clipped_sum_of_the_union_l
 def union_reference_unclipped(model, nodes) -> torch.Tensor:
     total = torch.zeros(dimension(model), dtype=torch.float64)
     for node, (features, labels) in enumerate(nodes):
-        lot = poisson_lot(RECORDS, RATE, torch.Generator().manual_seed(100 + node))
+        lot = poisson_lot(RECORDS, RATE, torch.Generator(features.device).manual_seed(100 + node))
         model.zero_grad()
         F.cross_entropy(model(features[lot]), labels[lot], reduction="sum").backward()
-        total += torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+        total += torch.cat([p.grad.flatten() for p in model.parameters()]).double().cpu()
     return total
 
 
