@@ -32,7 +32,7 @@ from clients.releases import book, stored_size
 from clients.secure_sum import answer_stage
 from clients.task import client_id, node_data, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
-from fedpriv.distributed.lattice import Lattice
+from fedpriv.distributed.lattice import Lattice, Rounding
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
@@ -61,20 +61,23 @@ def train(msg: Message, context: Context) -> RecordDict:
     return answer_stage(msg, context, requirements(policy), contribute)
 
 
-def read_round_config(config: Any) -> tuple[float, float]:
-    """(q, lattice scale) from a round's config, checked: q one the samplers draw
-    faithfully, a finite power-of-two scale in [1, MAX_SCALE], a modulus of 32 bits."""
+def read_lattice(config: Any, max_grad_norm: float, dimension: int) -> tuple[float, Lattice]:
+    """(q, lattice) from a round's config, checked: q one the samplers draw faithfully, a
+    finite power-of-two scale in [1, MAX_SCALE], a modulus of 32 to 62 bits, a known rounding."""
     try:
         q, scale, bits = config[protocol.SAMPLE_RATE], config[protocol.LATTICE_SCALE], config[protocol.MODULUS_BITS]
+        rounding = Rounding(config[protocol.LATTICE_ROUNDING])
     except KeyError as err:
         raise protocol.ProtocolError(f"distributed config lacks {err}") from None
+    except ValueError as err:
+        raise protocol.ProtocolError(f"bad lattice-rounding: {err}") from None
     q = check_sample_rate(q, "sample-rate", protocol.ProtocolError)
     if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
             or not 1 <= scale <= MAX_SCALE or math.log2(scale) != int(math.log2(scale))):
         raise protocol.ProtocolError(f"lattice-scale must be a power of 2 in [1, 2^24], got {scale!r}")
-    if bits != 32 or isinstance(bits, bool):
-        raise protocol.ProtocolError(f"modulus-bits must be 32, got {bits!r}")
-    return float(q), float(scale)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 32 <= bits <= 62:
+        raise protocol.ProtocolError(f"modulus-bits must be an integer in [32, 62], got {bits!r}")
+    return float(q), Lattice(float(scale), max_grad_norm, dimension, modulus_bits=bits, rounding=rounding)
 
 
 def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
@@ -87,8 +90,7 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     run_key, server_round = protocol.read_round(config)
     model = received_model(msg, plan.model, settings.seed)
     dimension = sum(p.numel() for p in model.parameters())
-    q, scale = read_round_config(config)
-    lattice = Lattice(scale, plan.max_grad_norm, dimension)
+    q, lattice = read_lattice(config, plan.max_grad_norm, dimension)
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)

@@ -29,7 +29,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedpriv.distributed.contribution import decode_sum
-from fedpriv.distributed.lattice import Lattice, check_headroom, fine_scale
+from fedpriv.distributed.lattice import Lattice, Rounding, check_headroom, fine_scale
 from fedpriv.dpsgd.config import steps_per_epoch
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
@@ -74,13 +74,14 @@ class DistributedSetup:
             "lattice_scale": self.lattice.scale, "dimension": self.lattice.dimension,
             "sensitivity": self.lattice.sensitivity,
             "sensitivity_inflation": self.lattice.sensitivity / (self.plan.max_grad_norm * self.lattice.scale),
-            "modulus_bits": self.lattice.modulus_bits,
+            "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
         }
 
     def config(self) -> dict[str, str | int | float]:
         """The round's config: the plan, q and the lattice (each node checks them)."""
         return {**protocol.plan_config(self.plan), protocol.SAMPLE_RATE: self.sample_rate,
-                protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits}
+                protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits,
+                protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
 
 
 def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice, shares: int, steps: int) -> DpEvent:
@@ -98,8 +99,11 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
     total = sum(a.weight for a in nodes.values())
     q = min(1.0, plan.lot_size / total)
     dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
-    lattice = Lattice(fine_scale(plan.max_grad_norm, dimension), plan.max_grad_norm, dimension)
+    rounding = Rounding(settings.lattice_rounding)
+    scale = fine_scale(plan.max_grad_norm, dimension, rounding=rounding)
     cohort = len(nodes)
+    lattice = _with_headroom(Lattice(scale, plan.max_grad_norm, dimension, rounding=rounding), math.ceil(total),
+                             plan.noise_multiplier * plan.max_grad_norm * scale)
     # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
     plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(settings.rounds / steps_per_epoch(q)))
     if settings.target_epsilon is not None:  # the share whose K copies reach the target, as a σ
@@ -107,9 +111,26 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
                                             lattice.sensitivity, dimension)
         plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / (plan.max_grad_norm
                                                                                       * lattice.scale))
-    check_headroom(lattice, max_lot=math.ceil(total), total_noise_stddev=plan.noise_multiplier * plan.max_grad_norm
-                   * lattice.scale)
     return DistributedSetup(plan, q, lattice, cohort)
+
+
+MODULUS_BITS = (32, 40, 48, 56, 62)
+"""Secure aggregation's moduli, smallest first: each word is 4 bytes up to 32 bits, else 8."""
+
+
+def _with_headroom(lattice: Lattice, max_lot: int, total_noise_stddev: float) -> Lattice:
+    """``lattice`` with the smallest modulus in which a sum of ``max_lot`` examples and the
+    noise cannot wrap (``check_headroom``; its ValueError when none is large enough)."""
+    for bits in MODULUS_BITS:
+        candidate = dataclasses.replace(lattice, modulus_bits=bits)
+        try:
+            check_headroom(candidate, max_lot, total_noise_stddev)
+        except ValueError:
+            if bits == MODULUS_BITS[-1]:
+                raise
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 class DistributedFedAvg(BudgetedFedAvg):

@@ -232,6 +232,9 @@ def federated_parser(dataset: str) -> Parser:
                    help="local: each node's DP-SGD noises its update; distributed: nodes add integer noise "
                         "shares under secure aggregation and the server sees only the noisy sum; user: "
                         f"user-level DP-FedAvg (default: {d['privacy']})")
+    p.add_argument("--lattice-rounding", choices=["nearest", "conditional"],
+                   help="distributed mode: each clipped example to the nearest lattice point, or by Kairouz et al.'s "
+                        f"conditional randomized rounding (default: {d['lattice-rounding']})")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")

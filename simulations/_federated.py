@@ -59,6 +59,7 @@ _KEYS = (
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
+    "lattice-rounding",
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""

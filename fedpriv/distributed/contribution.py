@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpriv.distributed.lattice import Lattice
+from fedpriv.distributed.lattice import Lattice, Rounding
 from fedpriv.distributed.noise import discrete_gaussian
-from fedpriv.distributed.rounding import rounded_rows
+from fedpriv.distributed.rounding import nearest_rows, rounded_rows
 from fedpriv.dpsgd.clipping import clip_factors, drop_rows, squared_norms
 from fedpriv.dpsgd.config import Clipping, check_sample_rate
 from fedpriv.dpsgd.engine import examples_at
@@ -87,7 +87,10 @@ def distributed_contribution(
     total = torch.zeros(dimension, dtype=torch.int64, device=features.device)
     for batch in micro_batches(lot, max_physical_batch_size):
         rows = clipped_rows(model, params, *examples_at(features, labels, batch), loss_fn, lattice.max_grad_norm)
-        total += rounded_rows(rows.mul_(lattice.scale), lattice.sensitivity, rounding_generator).sum(0).to(torch.int64)
+        rows.mul_(lattice.scale)
+        rounded = nearest_rows(rows, lattice.sensitivity) if lattice.rounding is Rounding.NEAREST else \
+            rounded_rows(rows, lattice.sensitivity, rounding_generator)
+        total += rounded.sum(0).to(torch.int64)
     noisy = total.cpu().numpy() + discrete_gaussian(noise_stddev, dimension, noise_generator)
     return Contribution(vector=np.mod(noisy, lattice.modulus).astype(np.uint64), lot_size=int(lot.numel()))
 

@@ -65,6 +65,23 @@ def rounded_rows(rows: torch.Tensor, bound: float, generator: torch.Generator | 
     raise RuntimeError(f"conditional rounding: {failing.numel()} rows over the bound after {MAX_TRIES} tries (a bug)")
 
 
+def nearest_rows(rows: torch.Tensor, bound: float) -> torch.Tensor:
+    """(B, d) float64 integers: each coordinate of ``rows`` rounded to the nearest integer
+    (``Rounding.NEAREST``: no randomness); every row's norm is checked ≤ ``bound`` exactly
+    (RuntimeError otherwise: an input not clipped to the lattice's c, a bug)."""
+    if rows.dim() != 2 or rows.dtype != torch.float64:
+        raise ValueError(f"rows must be a (B, d) float64 tensor, got {tuple(rows.shape)} {rows.dtype}")
+    if not (isinstance(bound, (int, float)) and 0 <= bound <= MAX_BOUND):
+        raise ValueError(f"bound must be a number in [0, 2^26], got {bound!r}")
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    if not bool(torch.isfinite(norms).all()) or (rows.numel() and float(norms.max()) > MAX_BOUND):
+        raise ValueError("rows must be finite with norms <= 2^26")
+    rounded = torch.round(rows)
+    if bool((_squared_norms(rounded) > math.floor(Fraction(bound) ** 2)).any()):
+        raise RuntimeError("nearest rounding: a row over the bound (its input was not clipped: a bug)")
+    return rounded
+
+
 def _round(rows: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """⌊rows + u⌋, u uniform on [0, 1): from ``generator``, or k/2³² for k uniform 32-bit
     integers from ``os.urandom`` (a Bernoulli(f) then errs by < 2⁻³², at half the bytes

@@ -13,7 +13,8 @@ Every field a peer sends is untrusted input to the other: the readers here raise
   (``plan_config``), ``server-round`` and ``run-key``.
 - Distributed TRAIN (``privacy = "distributed"``): secure aggregation's stages
   (``clients.secure_sum``); the stage that collects the masked vectors carries "arrays"
-  and "config" with the plan, ``sample-rate``, ``lattice-scale`` and ``modulus-bits``; its
+  and "config" with the plan, ``sample-rate``, ``lattice-scale``, ``lattice-rounding`` and
+  ``modulus-bits``; its
   reply, the masked vector and the "privacy" record.
 - TRAIN reply: "arrays" and the "privacy" record (``entry``, ``events``). Nothing else
   leaves the client: no loss, no N.
@@ -63,6 +64,7 @@ RUN_KEY = "run-key"
 MODEL = "model"
 COUNT, CORRECT, LOSS_SUM = "count", "correct", "loss-sum"
 SAMPLE_RATE, LATTICE_SCALE, MODULUS_BITS = "sample-rate", "lattice-scale", "modulus-bits"
+LATTICE_ROUNDING = "lattice-rounding"
 """What a distributed round's config adds to the plan: the shared q and the lattice."""
 EVALUATE_METRICS = frozenset({COUNT, CORRECT, LOSS_SUM})
 REFUSAL_CODE = 4290

@@ -85,6 +85,7 @@ class RunSettings:
     round_timeout: float = 3600.0
     accept_failures: bool = True
     privacy: PrivacyMode = PrivacyMode.LOCAL
+    lattice_rounding: str = "nearest"
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -111,6 +112,8 @@ class RunSettings:
                                 f"got {self.max_physical_batch}")
         if self.alpha <= 0:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
+        if self.lattice_rounding not in ("nearest", "conditional"):
+            raise SettingsError(f"lattice-rounding must be 'nearest' or 'conditional', got {self.lattice_rounding!r}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
@@ -151,6 +154,8 @@ def _parse(field: str, value: Any) -> Any:
             return PrivacyMode(value)
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
+        if field == "lattice_rounding":
+            return str(value)
         if field in ("data_dir", "out", "state_dir"):
             return str(value) or None
         if field == "model":
