@@ -3,7 +3,8 @@ the previous replies, every reply checked (a missing or malformed one drops its 
 a crash), and the modular sum over the survivors once the masks are removed.
 
 Nodes that answered SETUP form the cohort U1; U2 answered SHARE_KEYS; U3 sent masked vectors
-(the survivors); UNMASK asks U3 for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
+(the survivors); CONSISTENCY has U3 sign U3; UNMASK sends U3 with those signatures and asks
+for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
 A seed or key rebuilt from shares is checked (b against the node's commitment, sk1 against
 its public key) before use, so a node sending a wrong share makes the round fail or is
 outvoted, never a wrong sum.
@@ -80,6 +81,8 @@ class SecureAggregation:
         self.reason: str | None = None
         self.pk1: dict[int, bytes] = {}
         self.pk2: dict[int, bytes] = {}
+        self.pk3: dict[int, bytes] = {}
+        self.signatures: dict[int, bytes] = {}
         self.commitments: dict[int, bytes] = {}
         self.inbox: dict[int, tuple[list[int], list[bytes]]] = {}  # receiver → (sources, ciphertexts)
         self.shared: list[int] = []  # U2
@@ -98,7 +101,8 @@ class SecureAggregation:
     def requests(self) -> dict[int, dict[str, Any]]:
         """Node → the config of the current stage (the stage's name included)."""
         build = {Stage.SETUP: self._setup_config, Stage.SHARE_KEYS: self._share_keys_config,
-                 Stage.COLLECT: self._collect_config, Stage.UNMASK: self._unmask_config}[self.stage]
+                 Stage.COLLECT: self._collect_config, Stage.CONSISTENCY: self._consistency_config,
+                 Stage.UNMASK: self._unmask_config}[self.stage]
         configs = {node: {s.STAGE: str(self.stage), **build(node)} for node in self.live}
         for node, config in configs.items():
             self.bytes_received[node] += wire_bytes(config)
@@ -117,7 +121,8 @@ class SecureAggregation:
         valid one is dropped. Moves to the next stage, or ends the round."""
         stage = self.stage
         accept = {Stage.SETUP: self._accept_setup, Stage.SHARE_KEYS: self._accept_share_keys,
-                  Stage.COLLECT: self._accept_collect, Stage.UNMASK: self._accept_unmask}[stage]
+                  Stage.COLLECT: self._accept_collect, Stage.CONSISTENCY: self._accept_consistency,
+                  Stage.UNMASK: self._accept_unmask}[stage]
         self.asked_now = list(self.live)
         for node in self.asked_now:
             reply = replies.get(node)
@@ -150,28 +155,34 @@ class SecureAggregation:
                 s.ROUND_KEY: self.round_key}
 
     def _share_keys_config(self, node: int) -> dict[str, Any]:
-        return {s.IDS: list(self.live), s.PK1: [self.pk1[n] for n in self.live], s.PK2: [self.pk2[n] for n in self.live]}
+        return {s.IDS: list(self.live), s.PK1: [self.pk1[n] for n in self.live], s.PK2: [self.pk2[n] for n in self.live],
+                s.PK3: [self.pk3[n] for n in self.live]}
 
     def _collect_config(self, node: int) -> dict[str, Any]:
         sources, ciphertexts = self.inbox.get(node, ([], []))
         pairs = [(src, c) for src, c in zip(sources, ciphertexts) if src in self.live]
         return {s.SOURCES: [src for src, _ in pairs], s.CIPHERTEXTS: [c for _, c in pairs]}
 
+    def _consistency_config(self, node: int) -> dict[str, Any]:
+        return {s.ACTIVE: list(self.survivors)}
+
     def _unmask_config(self, node: int) -> dict[str, Any]:
-        return {s.ACTIVE: list(self.live), s.DEAD: [n for n in self.shared if n not in self.live]}
+        return {s.ACTIVE: list(self.survivors), s.DEAD: [n for n in self.shared if n not in self.survivors],
+                s.SIGNERS: list(self.live), s.SIGNATURES: [self.signatures[n] for n in self.live]}
 
     # -- replies
     def _accept_setup(self, node: int, reply: Mapping[str, Any]) -> None:
         try:
-            keys.public_key(reply.get(s.PK1)), keys.public_key(reply.get(s.PK2))
+            for name in (s.PK1, s.PK2, s.PK3):
+                keys.public_key(reply.get(name))
         except ValueError as err:
             raise Malformed(str(err)) from None
-        self.pk1[node], self.pk2[node] = reply[s.PK1], reply[s.PK2]
+        self.pk1[node], self.pk2[node], self.pk3[node] = reply[s.PK1], reply[s.PK2], reply[s.PK3]
 
     def _drop_repeated_keys(self) -> None:
         holders: dict[bytes, list[int]] = {}
         for node in self.live:
-            for key in (self.pk1[node], self.pk2[node]):
+            for key in (self.pk1[node], self.pk2[node], self.pk3[node]):
                 holders.setdefault(key, []).append(node)
         for owners in holders.values():
             if len(owners) > 1:
@@ -198,6 +209,14 @@ class SecureAggregation:
             self.vectors[node] = prg.from_wire(reply.get(s.MASKED), self.dimension, self.modulus_bits)
         except ValueError as err:
             raise Malformed(str(err)) from None
+
+    def _accept_consistency(self, node: int, reply: Mapping[str, Any]) -> None:
+        signature = reply.get(s.SIGNATURE)
+        message = keys.survivors_message(self.round_key, list(self.survivors))
+        if not isinstance(signature, bytes) or len(signature) > s.MAX_SIGNATURE_BYTES or not keys.signed(
+                self.pk3[node], message, signature):
+            raise Malformed("no valid signature on the survivors")
+        self.signatures[node] = signature
 
     def _accept_unmask(self, node: int, reply: Mapping[str, Any]) -> None:
         ids, shares = _list(reply, s.IDS, int), _list(reply, s.SHARES, bytes)
