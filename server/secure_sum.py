@@ -30,7 +30,7 @@ def secure_sum(grid: Grid, nodes: Sequence[int], *, dimension: int, modulus_bits
                                     round_key=round_key)
     extras: dict[int, RecordDict] = {}
     while not aggregation.done:
-        stage = aggregation.stage
+        stage = aggregation.current()
         sent: dict[int, Message] = {}
         for node, config in aggregation.requests().items():
             content = collect_content(node) if stage is Stage.COLLECT else RecordDict()

@@ -126,7 +126,8 @@ class NodeState:
     def from_record(cls, record: ConfigRecord | None) -> NodeState:
         if record is None:
             return cls()
-        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+        values: dict[str, Any] = {f.name: record[f.name] for f in fields(cls) if f.name in record}
+        return cls(**values)
 
     def erase(self) -> None:
         """Forget the round's secrets and every share held (after unmasking, or on abort)."""
@@ -165,7 +166,7 @@ def _refuse(reason: str) -> SecAggRefusal:
 
 def _next_stage(state: NodeState, config: Mapping[str, Any]) -> Stage:
     try:
-        stage = Stage(config.get(s.STAGE))
+        stage = Stage(str(config.get(s.STAGE)))
     except ValueError:
         raise _refuse(f"unknown stage {config.get(s.STAGE)!r}") from None
     if stage is not Stage.SETUP and state.stage != PREVIOUS[stage]:
@@ -239,7 +240,7 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
         raise _refuse(f"threshold {t} must exceed (cohort {n} + colluders {req.max_colluders}) / 2")
     try:
         peers = {nid: (keys.public_key(a), keys.public_key(b), keys.public_key(c))
-                 for nid, a, b, c in zip(ids, pk1s, pk2s, pk3s)}
+                 for nid, a, b, c in zip(ids, pk1s, pk2s, pk3s, strict=True)}
     except ValueError:
         raise _refuse("a cohort key is not a PEM P-384 key") from None
     order = sorted(ids)
@@ -274,7 +275,7 @@ def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], con
         raise _refuse(f"only {len(sources)} other nodes sent shares; this node needs "
                       f"{max(req.min_survivors, state.threshold) - 1}")
     sk2 = bytes_to_private_key(state.sk2)
-    for src, ciphertext in zip(sources, ciphertexts):
+    for src, ciphertext in zip(sources, ciphertexts, strict=True):
         peer_pk2 = keys.public_key(state.cohort_pk2[state.cohort.index(src)])
         try:
             plaintext = decrypt(generate_shared_key(sk2, peer_pk2), ciphertext)
@@ -342,7 +343,7 @@ def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> d
     if len(signers) != len(signatures) or len(_distinct(signers, "the signers")) < state.threshold:
         raise _refuse(f"the survivors carry fewer than the threshold of {state.threshold} signatures")
     message = keys.survivors_message(state.round_key, state.signed)
-    for signer, signature in zip(signers, signatures):
+    for signer, signature in zip(signers, signatures, strict=True):
         if signer not in state.cohort or not keys.signed(state.cohort_pk3[state.cohort.index(signer)], message,
                                                         signature):
             raise _refuse(f"the signature of node {signer} on the survivors does not verify")
