@@ -38,6 +38,8 @@ class SecureSumResult:
     cohort: tuple[int, ...]
     survivors: tuple[int, ...]
     dropped: dict[int, str]
+    """Node → why it was left out at some stage (a survivor that failed after sending its
+    vector is here too: its vector is still in the sum)."""
     bytes_sent: dict[int, int]
     """Bytes each node sent the server in this round."""
     bytes_received: dict[int, int]
