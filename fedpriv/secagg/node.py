@@ -1,6 +1,6 @@
 """A node's side of a secure sum: SecAgg+ with every cohort member a neighbour (k = n).
 
-The node answers the four stages (``stages.Stage``) of an untrusted server, each at most once
+The node answers the five stages (``stages.Stage``) of an untrusted server, each at most once
 per setup and in order; its state lives in a Flower ``ConfigRecord`` between messages
 (``NodeState.to_record``/``from_record``, kept in ``context.state``). Whatever the server
 claims, the node itself checks what its privacy rests on (``Requirements``, from its policy)
