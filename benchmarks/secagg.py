@@ -12,11 +12,16 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from fedpriv.secagg import NodeState, Requirements, SecureAggregation, answer
+from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, answer
+
+
+def constant(vector: np.ndarray) -> Callable[[StageInfo], np.ndarray]:
+    return lambda info: vector
 
 
 def run(n: int, dimension: int, bits: int = 32) -> dict[str, object]:
@@ -33,7 +38,7 @@ def run(n: int, dimension: int, bits: int = 32) -> dict[str, object]:
         replies = {}
         for u, config in agg.requests().items():
             t0 = time.perf_counter()
-            replies[u] = answer(states[u], req, u, config, lambda info, u=u: inputs[u])
+            replies[u] = answer(states[u], req, u, config, constant(inputs[u]))
             node_s[u] += time.perf_counter() - t0
         agg.receive(replies)
     result = agg.result()

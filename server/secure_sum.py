@@ -23,14 +23,14 @@ from server.exchange import send_and_receive
 def secure_sum(grid: Grid, nodes: Sequence[int], *, dimension: int, modulus_bits: int, threshold: int,
                collect_content: Callable[[int], RecordDict], timeout: float | None,
                round_key: str) -> SecureSumResult:
-    """The modular sum of the vectors of the ``nodes`` that survive the four stages (or None,
+    """The modular sum of the vectors of the ``nodes`` that survive the five stages (or None,
     with the reason, when the round must be discarded); ``extras`` holds each survivor's
     reply content beside its masked vector."""
     aggregation = SecureAggregation(nodes, dimension=dimension, modulus_bits=modulus_bits, threshold=threshold,
                                     round_key=round_key)
     extras: dict[int, RecordDict] = {}
     while not aggregation.done:
-        stage = aggregation.stage
+        stage = aggregation.current()
         sent: dict[int, Message] = {}
         for node, config in aggregation.requests().items():
             content = collect_content(node) if stage is Stage.COLLECT else RecordDict()

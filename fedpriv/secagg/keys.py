@@ -14,7 +14,12 @@ import hashlib
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    public_key_to_bytes,
+    verify_signature,
+)
 
 SCALAR_BYTES = 48  # P-384
 MAX_KEY_BYTES = 1024
@@ -57,6 +62,16 @@ def matches(secret: bytes, public_pem: bytes) -> bool:
 def mask_key(private: ec.EllipticCurvePrivateKey, public: ec.EllipticCurvePublicKey) -> bytes:
     """The 32-byte pairwise mask key both ends of a pair derive."""
     return base64.urlsafe_b64decode(generate_shared_key(private, public))
+
+
+def survivors_message(round_key: str, active: list[int]) -> bytes:
+    """What a node signs at the consistency stage: the round and its sorted survivors."""
+    return b"fedpriv.secagg.survivors\0" + round_key.encode() + b"\0" + ",".join(map(str, sorted(active))).encode()
+
+
+def signed(public_pem: bytes, message: bytes, signature: object) -> bool:
+    """Whether ``signature`` is the ECDSA-SHA256 signature of ``message`` under ``public_pem``."""
+    return isinstance(signature, bytes) and verify_signature(public_key(public_pem), message, signature)
 
 
 def commitment(round_key: str, secret: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """A node's side of a secure sum: SecAgg+ with every cohort member a neighbour (k = n).
 
-The node answers the four stages (``stages.Stage``) of an untrusted server, each at most once
+The node answers the five stages (``stages.Stage``) of an untrusted server, each at most once
 per setup and in order; its state lives in a Flower ``ConfigRecord`` between messages
 (``NodeState.to_record``/``from_record``, kept in ``context.state``). Whatever the server
 claims, the node itself checks what its privacy rests on (``Requirements``, from its policy)
@@ -12,8 +12,13 @@ and refuses (``SecAggRefusal``) before it sends anything that would weaken it:
   disjoint groups of honest nodes can then never each hand t shares of one node (one of b,
   one of sk1) to a server that tells them different lists;
 - at least ``min_survivors`` - 1 others sent it shares before it masks its vector;
+- it signs one list of survivors per round (itself among them, all of them nodes it masked
+  with, at least max(min_survivors, t)), and unmasks only for that list, with t signatures of
+  cohort members on it: with 2t > n + c no two lists get t signatures, so every honest node
+  that unmasks was told the same survivors, none of whose sk1 is ever revealed, and each
+  of whom masked with all the others: the server learns their sum, no smaller one;
 - one unmask request per setup, answered only with disjoint active and dead lists of ids it
-  holds shares of, itself active, and at least max(min_survivors, t) active.
+  holds shares of.
 
 A refused or out-of-order stage aborts the round: the node's secrets and the shares it holds
 are erased, so no later request of that round gets anything.
@@ -44,6 +49,7 @@ from flwr.supercore.primitives.asymmetric import (
     generate_key_pairs,
     private_key_to_bytes,
     public_key_to_bytes,
+    sign_message,
 )
 
 from fedpriv.secagg import keys, prg
@@ -51,7 +57,8 @@ from fedpriv.secagg import stages as s
 from fedpriv.secagg.stages import Stage
 
 ABORTED = "aborted"
-PREVIOUS = {Stage.SHARE_KEYS: Stage.SETUP, Stage.COLLECT: Stage.SHARE_KEYS, Stage.UNMASK: Stage.COLLECT}
+PREVIOUS = {Stage.SHARE_KEYS: Stage.SETUP, Stage.COLLECT: Stage.SHARE_KEYS, Stage.CONSISTENCY: Stage.COLLECT,
+            Stage.UNMASK: Stage.CONSISTENCY}
 
 
 class SecAggRefusal(ValueError):
@@ -98,12 +105,16 @@ class NodeState:
     dimension: int = 0
     sk1: bytes = b""
     sk2: bytes = b""
+    sk3: bytes = b""
     pk1: bytes = b""
     pk2: bytes = b""
+    pk3: bytes = b""
     seed: bytes = b""
     cohort: list[int] = field(default_factory=list)
     cohort_pk1: list[bytes] = field(default_factory=list)
     cohort_pk2: list[bytes] = field(default_factory=list)
+    cohort_pk3: list[bytes] = field(default_factory=list)
+    signed: list[int] = field(default_factory=list)  # the survivors it signed
     holders: list[int] = field(default_factory=list)  # whose shares it holds (itself first)
     seed_shares: list[bytes] = field(default_factory=list)
     sk1_shares: list[bytes] = field(default_factory=list)
@@ -115,11 +126,12 @@ class NodeState:
     def from_record(cls, record: ConfigRecord | None) -> NodeState:
         if record is None:
             return cls()
-        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+        values: dict[str, Any] = {f.name: record[f.name] for f in fields(cls) if f.name in record}
+        return cls(**values)
 
     def erase(self) -> None:
         """Forget the round's secrets and every share held (after unmasking, or on abort)."""
-        self.sk1 = self.sk2 = self.seed = b""
+        self.sk1 = self.sk2 = self.sk3 = self.seed = b""
         self.holders, self.seed_shares, self.sk1_shares = [], [], []
 
 
@@ -139,6 +151,8 @@ def answer(state: NodeState, requirements: Requirements, node_id: int, config: M
             return _share_keys(state, requirements, config)
         if stage is Stage.COLLECT:
             return _collect(state, requirements, config, contribute)
+        if stage is Stage.CONSISTENCY:
+            return _consistency(state, requirements, config)
         return _unmask(state, requirements, config)
     except BaseException:
         state.stage = ABORTED
@@ -152,7 +166,7 @@ def _refuse(reason: str) -> SecAggRefusal:
 
 def _next_stage(state: NodeState, config: Mapping[str, Any]) -> Stage:
     try:
-        stage = Stage(config.get(s.STAGE))
+        stage = Stage(str(config.get(s.STAGE)))
     except ValueError:
         raise _refuse(f"unknown stage {config.get(s.STAGE)!r}") from None
     if stage is not Stage.SETUP and state.stage != PREVIOUS[stage]:
@@ -196,24 +210,26 @@ def _setup(state: NodeState, node_id: int, config: Mapping[str, Any]) -> dict[st
     state.erase()
     state.node_id, state.round_key, state.threshold, state.modulus_bits, state.dimension = (
         node_id, round_key, threshold, bits, dimension)
-    (sk1, pk1), (sk2, pk2) = generate_key_pairs(), generate_key_pairs()
+    (sk1, pk1), (sk2, pk2), (sk3, pk3) = generate_key_pairs(), generate_key_pairs(), generate_key_pairs()
     state.sk1, state.pk1 = private_key_to_bytes(sk1), public_key_to_bytes(pk1)
     state.sk2, state.pk2 = private_key_to_bytes(sk2), public_key_to_bytes(pk2)
-    state.cohort, state.cohort_pk1, state.cohort_pk2 = [], [], []
-    return {s.PK1: state.pk1, s.PK2: state.pk2}
+    state.sk3, state.pk3 = private_key_to_bytes(sk3), public_key_to_bytes(pk3)
+    state.cohort, state.cohort_pk1, state.cohort_pk2, state.cohort_pk3, state.signed = [], [], [], [], []
+    return {s.PK1: state.pk1, s.PK2: state.pk2, s.PK3: state.pk3}
 
 
 def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
     ids, pk1s, pk2s = _list(config, s.IDS, int), _list(config, s.PK1, bytes), _list(config, s.PK2, bytes)
-    if not len(ids) == len(pk1s) == len(pk2s):
+    pk3s = _list(config, s.PK3, bytes)
+    if not len(ids) == len(pk1s) == len(pk2s) == len(pk3s):
         raise _refuse("ids and keys differ in length")
     _distinct(ids, "the cohort")
-    _distinct(pk1s + pk2s, "the cohort's public keys")
+    _distinct(pk1s + pk2s + pk3s, "the cohort's public keys")
     n, t = len(ids), state.threshold
     if state.node_id not in ids:
         raise _refuse("this node is not in the cohort")
     own = ids.index(state.node_id)
-    if (pk1s[own], pk2s[own]) != (state.pk1, state.pk2):
+    if (pk1s[own], pk2s[own], pk3s[own]) != (state.pk1, state.pk2, state.pk3):
         raise _refuse("this node's own public keys were altered")
     if n < req.min_cohort:
         raise _refuse(f"a cohort of {n} is below this node's minimum of {req.min_cohort}")
@@ -222,11 +238,16 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
                       f"the cohort of {n}")
     if 2 * t <= n + req.max_colluders:
         raise _refuse(f"threshold {t} must exceed (cohort {n} + colluders {req.max_colluders}) / 2")
-    peers = {nid: (keys.public_key(a), keys.public_key(b)) for nid, a, b in zip(ids, pk1s, pk2s)}
+    try:
+        peers = {nid: (keys.public_key(a), keys.public_key(b), keys.public_key(c))
+                 for nid, a, b, c in zip(ids, pk1s, pk2s, pk3s, strict=True)}
+    except ValueError:
+        raise _refuse("a cohort key is not a PEM P-384 key") from None
     order = sorted(ids)
     state.cohort = order
     state.cohort_pk1 = [pk1s[ids.index(nid)] for nid in order]
     state.cohort_pk2 = [pk2s[ids.index(nid)] for nid in order]
+    state.cohort_pk3 = [pk3s[ids.index(nid)] for nid in order]
     state.seed = os.urandom(32)
     seed_shares = create_shares(state.seed, t, n)
     sk1_shares = create_shares(keys.scalar(state.sk1), t, n)
@@ -254,7 +275,7 @@ def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], con
         raise _refuse(f"only {len(sources)} other nodes sent shares; this node needs "
                       f"{max(req.min_survivors, state.threshold) - 1}")
     sk2 = bytes_to_private_key(state.sk2)
-    for src, ciphertext in zip(sources, ciphertexts):
+    for src, ciphertext in zip(sources, ciphertexts, strict=True):
         peer_pk2 = keys.public_key(state.cohort_pk2[state.cohort.index(src)])
         try:
             plaintext = decrypt(generate_shared_key(sk2, peer_pk2), ciphertext)
@@ -286,20 +307,46 @@ def masked(state: NodeState, vector: np.ndarray, neighbours: Sequence[int]) -> n
     return prg.reduce(total, bits)
 
 
-def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
-    active, dead = _list(config, s.ACTIVE, int), _list(config, s.DEAD, int)
-    active_set, dead_set = _distinct(active, "the active list"), _distinct(dead, "the dead list")
-    if active_set & dead_set:
-        raise _refuse(f"nodes {sorted(active_set & dead_set)} are listed both active and dead")
-    if not (active_set | dead_set) <= set(state.cohort):
+def _survivors(state: NodeState, req: Requirements, active: list[int]) -> set[int]:
+    """``active`` as a set, refused unless it is a list of survivors this node can stand by."""
+    survivors = _distinct(active, "the active list")
+    if not survivors <= set(state.cohort):
         raise _refuse("a listed node is outside the cohort")
-    if state.node_id not in active_set:
+    if state.node_id not in survivors:
         raise _refuse("this node, which sent its vector, is not listed active")
-    if not (active_set | dead_set) <= set(state.holders):
+    if not survivors <= set(state.holders):
         raise _refuse("a listed node sent this node no shares")
     needed = max(req.min_survivors, state.threshold)
-    if len(active) < needed:
-        raise _refuse(f"{len(active)} active nodes; this node needs at least {needed}")
+    if len(survivors) < needed:
+        raise _refuse(f"{len(survivors)} active nodes; this node needs at least {needed}")
+    return survivors
+
+
+def _consistency(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
+    active = _list(config, s.ACTIVE, int)
+    _survivors(state, req, active)
+    state.signed = sorted(active)
+    message = keys.survivors_message(state.round_key, state.signed)
+    return {s.SIGNATURE: sign_message(bytes_to_private_key(state.sk3), message)}
+
+
+def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
+    active, dead = _list(config, s.ACTIVE, int), _list(config, s.DEAD, int)
+    signers, signatures = _list(config, s.SIGNERS, int), _list(config, s.SIGNATURES, bytes)
+    active_set, dead_set = _survivors(state, req, active), _distinct(dead, "the dead list")
+    if active_set & dead_set:
+        raise _refuse(f"nodes {sorted(active_set & dead_set)} are listed both active and dead")
+    if not dead_set <= set(state.holders):
+        raise _refuse("a listed node is outside the cohort or sent this node no shares")
+    if sorted(active) != state.signed:
+        raise _refuse("the active list is not the list of survivors this node signed")
+    if len(signers) != len(signatures) or len(_distinct(signers, "the signers")) < state.threshold:
+        raise _refuse(f"the survivors carry fewer than the threshold of {state.threshold} signatures")
+    message = keys.survivors_message(state.round_key, state.signed)
+    for signer, signature in zip(signers, signatures, strict=True):
+        if signer not in state.cohort or not keys.signed(state.cohort_pk3[state.cohort.index(signer)], message,
+                                                        signature):
+            raise _refuse(f"the signature of node {signer} on the survivors does not verify")
     index = {nid: i for i, nid in enumerate(state.holders)}
     shares = [state.seed_shares[index[nid]] for nid in active] + [state.sk1_shares[index[nid]] for nid in dead]
     state.erase()

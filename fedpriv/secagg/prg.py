@@ -48,7 +48,7 @@ def to_wire(vector: np.ndarray, modulus_bits: int) -> bytes:
     return vector.astype(f"<u{word_bytes(modulus_bits)}").tobytes()
 
 
-def from_wire(data: bytes, dimension: int, modulus_bits: int) -> np.ndarray:
+def from_wire(data: object, dimension: int, modulus_bits: int) -> np.ndarray:
     """The vector ``to_wire`` wrote; ValueError unless ``data`` holds exactly ``dimension`` words."""
     width = word_bytes(modulus_bits)
     if not isinstance(data, bytes) or len(data) != dimension * width:

@@ -3,7 +3,8 @@ the previous replies, every reply checked (a missing or malformed one drops its 
 a crash), and the modular sum over the survivors once the masks are removed.
 
 Nodes that answered SETUP form the cohort U1; U2 answered SHARE_KEYS; U3 sent masked vectors
-(the survivors); UNMASK asks U3 for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
+(the survivors); CONSISTENCY has U3 sign U3; UNMASK sends U3 with those signatures and asks
+for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
 A seed or key rebuilt from shares is checked (b against the node's commitment, sk1 against
 its public key) before use, so a node sending a wrong share makes the round fail or is
 outvoted, never a wrong sum.
@@ -37,6 +38,8 @@ class SecureSumResult:
     cohort: tuple[int, ...]
     survivors: tuple[int, ...]
     dropped: dict[int, str]
+    """Node → why it was left out at some stage (a survivor that failed after sending its
+    vector is here too: its vector is still in the sum)."""
     bytes_sent: dict[int, int]
     """Bytes each node sent the server in this round."""
     bytes_received: dict[int, int]
@@ -73,13 +76,16 @@ class SecureAggregation:
         if len(set(nodes)) != len(nodes):
             raise ValueError("nodes are repeated")
         self.nodes = tuple(sorted(nodes))
-        self.dimension, self.modulus_bits, self.threshold, self.round_key = dimension, modulus_bits, threshold, round_key
+        self.dimension, self.modulus_bits = dimension, modulus_bits
+        self.threshold, self.round_key = threshold, round_key
         self.stage: Stage | None = Stage.SETUP
         self.live: list[int] = list(self.nodes)
         self.dropped: dict[int, str] = {}
         self.reason: str | None = None
         self.pk1: dict[int, bytes] = {}
         self.pk2: dict[int, bytes] = {}
+        self.pk3: dict[int, bytes] = {}
+        self.signatures: dict[int, bytes] = {}
         self.commitments: dict[int, bytes] = {}
         self.inbox: dict[int, tuple[list[int], list[bytes]]] = {}  # receiver → (sources, ciphertexts)
         self.shared: list[int] = []  # U2
@@ -97,15 +103,23 @@ class SecureAggregation:
 
     def requests(self) -> dict[int, dict[str, Any]]:
         """Node → the config of the current stage (the stage's name included)."""
+        stage = self.current()
         build = {Stage.SETUP: self._setup_config, Stage.SHARE_KEYS: self._share_keys_config,
-                 Stage.COLLECT: self._collect_config, Stage.UNMASK: self._unmask_config}[self.stage]
-        configs = {node: {s.STAGE: str(self.stage), **build(node)} for node in self.live}
+                 Stage.COLLECT: self._collect_config, Stage.CONSISTENCY: self._consistency_config,
+                 Stage.UNMASK: self._unmask_config}[stage]
+        configs = {node: {s.STAGE: str(stage), **build(node)} for node in self.live}
         self.asked_now = list(configs)  # what each reply of this stage is checked against
         for node, config in configs.items():
             self.bytes_received[node] += wire_bytes(config)
-        if self.stage is Stage.UNMASK:
+        if stage is Stage.UNMASK:
             self.asked = {node: config[s.ACTIVE] + config[s.DEAD] for node, config in configs.items()}
         return configs
+
+    def current(self) -> Stage:
+        """The stage under way (RuntimeError once the sum is over)."""
+        if self.stage is None:
+            raise RuntimeError("this secure sum is over")
+        return self.stage
 
     def drop(self, node: int, reason: str) -> None:
         """Leave ``node`` out from now on (the caller saw it fail)."""
@@ -116,9 +130,10 @@ class SecureAggregation:
     def receive(self, replies: Mapping[int, Mapping[str, Any]]) -> None:
         """Take the current stage's replies (node → its config); a node of ``live`` without a
         valid one is dropped. Moves to the next stage, or ends the round."""
-        stage = self.stage
+        stage = self.current()
         accept = {Stage.SETUP: self._accept_setup, Stage.SHARE_KEYS: self._accept_share_keys,
-                  Stage.COLLECT: self._accept_collect, Stage.UNMASK: self._accept_unmask}[stage]
+                  Stage.COLLECT: self._accept_collect, Stage.CONSISTENCY: self._accept_consistency,
+                  Stage.UNMASK: self._accept_unmask}[stage]
         for node in self.asked_now:
             if node not in self.live:  # dropped by the caller meanwhile (it refused)
                 continue
@@ -152,28 +167,35 @@ class SecureAggregation:
                 s.ROUND_KEY: self.round_key}
 
     def _share_keys_config(self, node: int) -> dict[str, Any]:
-        return {s.IDS: list(self.live), s.PK1: [self.pk1[n] for n in self.live], s.PK2: [self.pk2[n] for n in self.live]}
+        live = self.live
+        return {s.IDS: list(live), s.PK1: [self.pk1[n] for n in live], s.PK2: [self.pk2[n] for n in live],
+                s.PK3: [self.pk3[n] for n in live]}
 
     def _collect_config(self, node: int) -> dict[str, Any]:
         sources, ciphertexts = self.inbox.get(node, ([], []))
-        pairs = [(src, c) for src, c in zip(sources, ciphertexts) if src in self.live]
+        pairs = [(src, c) for src, c in zip(sources, ciphertexts, strict=True) if src in self.live]
         return {s.SOURCES: [src for src, _ in pairs], s.CIPHERTEXTS: [c for _, c in pairs]}
 
+    def _consistency_config(self, node: int) -> dict[str, Any]:
+        return {s.ACTIVE: list(self.survivors)}
+
     def _unmask_config(self, node: int) -> dict[str, Any]:
-        return {s.ACTIVE: list(self.live), s.DEAD: [n for n in self.shared if n not in self.live]}
+        return {s.ACTIVE: list(self.survivors), s.DEAD: [n for n in self.shared if n not in self.survivors],
+                s.SIGNERS: list(self.live), s.SIGNATURES: [self.signatures[n] for n in self.live]}
 
     # -- replies
     def _accept_setup(self, node: int, reply: Mapping[str, Any]) -> None:
         try:
-            keys.public_key(reply.get(s.PK1)), keys.public_key(reply.get(s.PK2))
+            for name in (s.PK1, s.PK2, s.PK3):
+                keys.public_key(reply.get(name))
         except ValueError as err:
             raise Malformed(str(err)) from None
-        self.pk1[node], self.pk2[node] = reply[s.PK1], reply[s.PK2]
+        self.pk1[node], self.pk2[node], self.pk3[node] = reply[s.PK1], reply[s.PK2], reply[s.PK3]
 
     def _drop_repeated_keys(self) -> None:
         holders: dict[bytes, list[int]] = {}
         for node in self.live:
-            for key in (self.pk1[node], self.pk2[node]):
+            for key in (self.pk1[node], self.pk2[node], self.pk3[node]):
                 holders.setdefault(key, []).append(node)
         for owners in holders.values():
             if len(owners) > 1:
@@ -190,7 +212,7 @@ class SecureAggregation:
         if not isinstance(commitment, bytes) or len(commitment) != 32:
             raise Malformed("no 32-byte commitment")
         self.commitments[node] = commitment
-        for dst, ciphertext in zip(destinations, ciphertexts):
+        for dst, ciphertext in zip(destinations, ciphertexts, strict=True):
             sources, texts = self.inbox.setdefault(dst, ([], []))
             sources.append(node)
             texts.append(ciphertext)
@@ -201,13 +223,21 @@ class SecureAggregation:
         except ValueError as err:
             raise Malformed(str(err)) from None
 
+    def _accept_consistency(self, node: int, reply: Mapping[str, Any]) -> None:
+        signature = reply.get(s.SIGNATURE)
+        message = keys.survivors_message(self.round_key, list(self.survivors))
+        if not isinstance(signature, bytes) or len(signature) > s.MAX_SIGNATURE_BYTES or not keys.signed(
+                self.pk3[node], message, signature):
+            raise Malformed("no valid signature on the survivors")
+        self.signatures[node] = signature
+
     def _accept_unmask(self, node: int, reply: Mapping[str, Any]) -> None:
         ids, shares = _list(reply, s.IDS, int), _list(reply, s.SHARES, bytes)
         if ids != self.asked[node] or len(shares) != len(ids):
             raise Malformed("shares of other nodes than asked")
         if any(not 4 < len(share) <= s.MAX_SHARE_BYTES for share in shares):
             raise Malformed("a share of the wrong size")
-        for owner, share in zip(ids, shares):
+        for owner, share in zip(ids, shares, strict=True):
             self.shares.setdefault(owner, []).append(share)
 
     # -- the sum
@@ -229,22 +259,29 @@ class SecureAggregation:
         for node in survivors:
             total += self.vectors[node]
         for node in survivors:
-            seed = self._rebuild(node, lambda b, n=node: keys.commitment(round_key, b) == self.commitments[n])
+            seed = self._seed(node)
             if seed is None:
                 return None, f"the mask seed of node {node} could not be rebuilt from the shares"
             total -= prg.mask(seed, "private", round_key, d, bits)
         for node in dead:
-            secret = self._rebuild(node, lambda k, n=node: keys.matches(k, self.pk1[n]))
+            secret = self._key(node)
             if secret is None:
                 return None, f"the key of dropped node {node} could not be rebuilt from the shares"
             private = keys.private_key(secret)
             for peer in survivors:
-                pairwise = prg.mask(keys.mask_key(private, keys.public_key(self.pk1[peer])), "pairwise", round_key, d, bits)
+                key = keys.mask_key(private, keys.public_key(self.pk1[peer]))
+                pairwise = prg.mask(key, "pairwise", round_key, d, bits)
                 if node > peer:  # the peer subtracted it
                     total += pairwise
                 else:
                     total -= pairwise
         return prg.reduce(total, bits), None
+
+    def _seed(self, node: int) -> bytes | None:
+        return self._rebuild(node, lambda b: keys.commitment(self.round_key, b) == self.commitments[node])
+
+    def _key(self, node: int) -> bytes | None:
+        return self._rebuild(node, lambda k: keys.matches(k, self.pk1[node]))
 
     def _rebuild(self, owner: int, valid: Callable[[bytes], bool]) -> bytes | None:
         """The secret of ``owner`` from t of its shares that pass ``valid``; subsets of t tried

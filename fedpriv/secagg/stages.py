@@ -1,4 +1,4 @@
-"""The four stages of a secure sum and the names of their fields on the wire."""
+"""The five stages of a secure sum and the names of their fields on the wire."""
 
 from __future__ import annotations
 
@@ -14,22 +14,26 @@ class Stage(StrEnum):
     SETUP = "setup"  # → threshold, modulus bits, dimension, round key; ← two public keys
     SHARE_KEYS = "share-keys"  # → the cohort's keys; ← encrypted shares, commitment to b
     COLLECT = "collect"  # → the shares sent to this node; ← the masked vector
-    UNMASK = "unmask"  # → active and dead lists; ← shares of b (active) and sk1 (dead)
+    CONSISTENCY = "consistency"  # → the survivors; ← the node's signature on them
+    UNMASK = "unmask"  # → active (signed by >= t) and dead lists; ← shares of b (active), sk1 (dead)
 
 
 STAGE = "stage"
 # setup
 THRESHOLD, MODULUS_BITS, DIMENSION, ROUND_KEY = "threshold", "modulus-bits", "dimension", "round-key"
-PK1, PK2 = "pk1", "pk2"
+PK1, PK2, PK3 = "pk1", "pk2", "pk3"
 # share-keys
 IDS = "ids"
 DESTINATIONS, CIPHERTEXTS, COMMITMENT = "destinations", "ciphertexts", "commitment"
 # collect
 SOURCES, MASKED = "sources", "masked"
+# consistency (Bonawitz et al. 2017, the malicious-server variant)
+SIGNATURE = "signature"
 # unmask
-ACTIVE, DEAD, SHARES = "active", "dead", "shares"
+ACTIVE, DEAD, SHARES, SIGNERS, SIGNATURES = "active", "dead", "shares", "signers", "signatures"
 
 MAX_DIMENSION = 1 << 28
 MAX_ROUND_KEY = 256
 MAX_CIPHERTEXT_BYTES = 4096
 MAX_SHARE_BYTES = 1024
+MAX_SIGNATURE_BYTES = 512

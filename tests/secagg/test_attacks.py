@@ -35,6 +35,12 @@ class Honest:
         self.last: dict[Stage, dict[int, dict[str, Any]]] = {}
         while self.agg.stage is not until:
             self.step()
+        if until is Stage.UNMASK:  # what an honest server would send: the survivors and their signatures
+            self.honest_unmask = dict(next(iter(self.agg.requests().values())))
+
+    def unmask(self, active: list[int], dead: list[int]) -> dict[str, Any]:
+        """The honest unmask request with forged lists (the signatures on the real survivors)."""
+        return {**self.honest_unmask, "active": active, "dead": dead}
 
     def step(self) -> None:
         configs = self.agg.requests()
@@ -50,28 +56,24 @@ def refused(server: Honest, u: int, config: dict[str, Any], why: str) -> None:
         server.ask(u, config)
 
 
-def unmask(active: list[int], dead: list[int]) -> dict[str, Any]:
-    return {"stage": "unmask", "active": active, "dead": dead}
-
-
 def test_a_node_listed_both_active_and_dead_is_refused() -> None:
     server = Honest(5, threshold=4)
     for u in server.nodes:
-        refused(server, u, unmask(server.nodes, [1]), "both active and dead")
+        refused(server, u, server.unmask(server.nodes, [1]), "both active and dead")
 
 
 def test_a_second_unmask_request_gets_nothing_so_no_node_loses_both_secrets() -> None:
     server = Honest(5, threshold=4)
-    first = {u: server.ask(u, unmask([1, 2, 3, 4, 5], [])) for u in server.nodes}  # b of every node
+    first = {u: server.ask(u, server.unmask([1, 2, 3, 4, 5], [])) for u in server.nodes}  # b of every node
     assert all(reply["ids"] == [1, 2, 3, 4, 5] for reply in first.values())
     for u in (2, 3, 4, 5):  # now claim node 1 dead: its sk1 would unmask its vector
-        refused(server, u, unmask([2, 3, 4, 5], [1]), "each stage is answered once")
+        refused(server, u, server.unmask([2, 3, 4, 5], [1]), "each stage is answered once")
 
 
 def test_a_refused_unmask_cannot_be_retried_with_other_lists() -> None:
     server = Honest(5, threshold=4)
-    refused(server, 2, unmask([1, 2, 3, 4, 5], [1]), "both active and dead")
-    refused(server, 2, unmask([2, 3, 4, 5], [1]), "each stage is answered once")
+    refused(server, 2, server.unmask([1, 2, 3, 4, 5], [1]), "both active and dead")
+    refused(server, 2, server.unmask([2, 3, 4, 5], [1]), "each stage is answered once")
 
 
 def test_a_cohort_below_the_nodes_minimum_is_refused_before_any_vector_is_sent() -> None:
@@ -97,9 +99,10 @@ def test_a_threshold_colluders_could_meet_is_refused(threshold: int, why: str) -
 
 
 def test_split_lists_cannot_rebuild_both_secrets_of_one_node() -> None:
-    """The server tells half the cohort that node 1 is active and the other half that it is
-    dead: with t <= n/2 each half could hand over t shares (b and sk1 of node 1) and its
-    vector would be unmasked. The nodes refuse such a threshold at SHARE_KEYS."""
+    """The server has nodes 1-3 sign survivors 1-3 and nodes 4-6 sign survivors 4-6, then
+    asks 1-3 for b of node 1 and 4-6 for sk1 of node 1: with t = 3 <= n/2 each half has t
+    signatures and t shares, and node 1's vector is unmasked alone. The nodes refuse such a
+    threshold at SHARE_KEYS (2t > n + c)."""
     req = Requirements(min_cohort=3, min_survivors=3, max_colluders=0)
     server = Honest(6, threshold=3, req=req, until=Stage.SHARE_KEYS)
     replies = {}
@@ -114,10 +117,16 @@ def test_split_lists_cannot_rebuild_both_secrets_of_one_node() -> None:
         return
     server.step()  # collect: the masked vectors
     masked_1 = server.agg.vectors[1]
-    a_side = {u: server.ask(u, unmask([1, 2, 3], [4, 5, 6])) for u in (1, 2, 3)}
-    b_side = {u: server.ask(u, unmask([4, 5, 6], [1, 2, 3])) for u in (4, 5, 6)}
-    seed = combine_shares([a["shares"][0] for a in a_side.values()])
-    sk1 = keys.private_key(combine_shares([b["shares"][3] for b in b_side.values()]))
+    halves = {u: ([1, 2, 3] if u <= 3 else [4, 5, 6]) for u in server.nodes}
+    signature = {u: server.ask(u, {"stage": "consistency", "active": halves[u]})["signature"] for u in server.nodes}
+    shares = {}
+    for u in server.nodes:
+        signers = [v for v in server.nodes if halves[v] == halves[u]]
+        shares[u] = server.ask(u, {"stage": "unmask", "active": halves[u], "dead": [v for v in server.nodes
+                                                                                     if v not in halves[u]],
+                                   "signers": signers, "signatures": [signature[v] for v in signers]})["shares"]
+    seed = combine_shares([shares[u][0] for u in (1, 2, 3)])  # b of node 1 (first active)
+    sk1 = keys.private_key(combine_shares([shares[u][3] for u in (4, 5, 6)]))  # sk1 of node 1 (first dead)
     x = masked_1 - prg.mask(seed, "private", "r", D, 32)
     for v in (2, 3, 4, 5, 6):
         pairwise = prg.mask(keys.mask_key(sk1, keys.public_key(server.agg.pk1[v])), "pairwise", "r", D, 32)
@@ -126,14 +135,14 @@ def test_split_lists_cannot_rebuild_both_secrets_of_one_node() -> None:
 
 
 @pytest.mark.parametrize("forged, why", [
-    (unmask([1, 2, 3, 4, 99], []), "outside the cohort"),
-    (unmask([2, 3, 4, 5], []), "not listed active"),
-    (unmask([1, 2, 2, 3], []), "repeated"),
-    (unmask([1, 2], [3, 4, 5]), "this node needs at least"),
+    ({"active": [1, 2, 3, 4, 99], "dead": []}, "outside the cohort"),
+    ({"active": [2, 3, 4, 5], "dead": []}, "not listed active"),
+    ({"active": [1, 2, 2, 3], "dead": []}, "repeated"),
+    ({"active": [1, 2], "dead": [3, 4, 5]}, "this node needs at least"),
 ])
 def test_forged_unmask_lists_are_refused(forged: dict[str, Any], why: str) -> None:
     server = Honest(5, threshold=3, req=Requirements(min_cohort=5, min_survivors=3, max_colluders=0))
-    refused(server, 1, forged, why)
+    refused(server, 1, server.unmask(**forged), why)
 
 
 def test_masking_with_too_few_others_is_refused_before_the_vector_is_computed() -> None:
@@ -151,9 +160,9 @@ def test_replayed_or_out_of_order_stages_are_refused() -> None:
     refused(server, 1, setup, "was set up before")  # a replayed setup of the same round
     server = Honest(4, threshold=3, until=Stage.UNMASK)
     collect = server.last[Stage.COLLECT][2]
-    refused(server, 2, collect, "collect after collect")  # a second masked vector with the same masks
+    refused(server, 2, collect, "collect after consistency")  # a second masked vector with the same masks
     share_keys = server.last[Stage.SHARE_KEYS][3]
-    refused(server, 3, share_keys, "share-keys after collect")
+    refused(server, 3, share_keys, "share-keys after consistency")
 
 
 def test_a_second_setup_starts_afresh_and_drops_the_old_shares() -> None:
@@ -161,7 +170,7 @@ def test_a_second_setup_starts_afresh_and_drops_the_old_shares() -> None:
     fresh = {**server.last[Stage.SETUP][1], "round-key": "r-again"}
     server.ask(1, fresh)
     assert server.states[1].holders == [] and server.states[1].seed == b""
-    refused(server, 1, unmask([1, 2, 3, 4], []), "unmask after setup")
+    refused(server, 1, server.unmask([1, 2, 3, 4], []), "unmask after setup")
 
 
 @pytest.mark.parametrize("stage, forge", [
@@ -190,3 +199,26 @@ def test_a_node_sending_wrong_shares_is_outvoted_not_summed_wrong() -> None:
     r = simulate(8, 300, threshold=5, lose={Stage.COLLECT: {18}}, reply=corrupt)
     assert r.result.reason is None
     assert np.array_equal(r.result.sum, r.true_sum(32))
+
+
+def test_a_server_cannot_have_two_survivor_lists_signed_and_unmask_a_smaller_sum() -> None:
+    """Nodes 1-5 are shown survivors 1-6, nodes 6-10 survivors 5-10: each list gets 5
+    signatures, fewer than t = 6, so no node unmasks (no sum of 6 instead of 10 is learnt)."""
+    req = Requirements(min_cohort=6, min_survivors=6, max_colluders=0)
+    server = Honest(10, threshold=6, req=req, until=Stage.CONSISTENCY)
+    lists = {u: ([1, 2, 3, 4, 5, 6] if u <= 5 else [5, 6, 7, 8, 9, 10]) for u in server.nodes}
+    signatures = {u: server.ask(u, {"stage": "consistency", "active": lists[u]})["signature"] for u in server.nodes}
+    for u in server.nodes:
+        same = [v for v in server.nodes if lists[v] == lists[u]]
+        request = {"stage": "unmask", "active": lists[u], "dead": [v for v in server.nodes if v not in lists[u]],
+                   "signers": same, "signatures": [signatures[v] for v in same]}
+        refused(server, u, request, "fewer than the threshold of 6 signatures")
+
+
+def test_an_unmask_list_other_than_the_signed_one_or_a_forged_signature_is_refused() -> None:
+    server = Honest(5, threshold=4)
+    refused(server, 1, {**server.honest_unmask, "active": [1, 2, 3, 4], "dead": [5]}, "not the list of survivors")
+    server = Honest(5, threshold=4)
+    request = dict(server.honest_unmask)
+    request["signatures"] = [request["signatures"][1]] + request["signatures"][1:]
+    refused(server, 1, request, "does not verify")

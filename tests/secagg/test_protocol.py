@@ -22,12 +22,13 @@ def test_the_unmasked_sum_is_the_exact_modular_sum(n: int, bits: int) -> None:
     assert np.array_equal(r.result.sum, r.true_sum(bits))
 
 
-@pytest.mark.parametrize("stage", [Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK])
+@pytest.mark.parametrize("stage", [Stage.SHARE_KEYS, Stage.COLLECT, Stage.CONSISTENCY, Stage.UNMASK])
 def test_twenty_percent_dropped_the_sum_over_the_survivors_is_exact(stage: Stage) -> None:
     dropped = {12, 17}  # 2 of 10
     r = simulate(10, 300, lose={stage: dropped})
     assert r.result.reason is None
-    expected_survivors = set(range(11, 21)) - (dropped if stage is not Stage.UNMASK else set())
+    masked_before = stage in (Stage.CONSISTENCY, Stage.UNMASK)
+    expected_survivors = set(range(11, 21)) - (set() if masked_before else dropped)
     assert set(r.result.survivors) == expected_survivors
     assert set(r.result.dropped) == dropped
     assert np.array_equal(r.result.sum, r.true_sum(32))
