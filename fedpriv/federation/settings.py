@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from fedpriv.distributed.lattice import Rounding
 from fedpriv.training import LRSchedule
 
 
@@ -85,7 +86,7 @@ class RunSettings:
     round_timeout: float = 3600.0
     accept_failures: bool = True
     privacy: PrivacyMode = PrivacyMode.LOCAL
-    lattice_rounding: str = "nearest"
+    lattice_rounding: Rounding = Rounding.NEAREST
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -112,8 +113,6 @@ class RunSettings:
                                 f"got {self.max_physical_batch}")
         if self.alpha <= 0:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
-        if self.lattice_rounding not in ("nearest", "conditional"):
-            raise SettingsError(f"lattice-rounding must be 'nearest' or 'conditional', got {self.lattice_rounding!r}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
@@ -155,7 +154,7 @@ def _parse(field: str, value: Any) -> Any:
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
         if field == "lattice_rounding":
-            return str(value)
+            return Rounding(value)
         if field in ("data_dir", "out", "state_dir"):
             return str(value) or None
         if field == "model":
