@@ -348,7 +348,7 @@ def audit_mechanism(name: str, epsilon: float, trials: int | None = None, seed: 
         raise ValueError(f"trials must be >= 10, got {n}")
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    selection = max(1000, n // 4)
+    selection = max(500, n // 4)
     threshold, upper, _ = _best_set(case.sample(0, selection, rng, epsilon, noise_factor),
                                     case.sample(1, selection, rng, epsilon, noise_factor), case.delta, confidence)
     stats_d, stats_d2 = case.sample(0, n, rng, epsilon, noise_factor), case.sample(1, n, rng, epsilon, noise_factor)
