@@ -13,6 +13,8 @@ So a canary is an ordinary example to the engine: the Poisson sampler draws it, 
 clips it, the noise covers its coordinate like every other, and nothing else is touched.
 What reaches canary weight j each step is the noise plus −C for each time canary j was in
 the lot: ``observation`` turns an update into that count plus N(0, σ²) per step.
+``SENTINELS`` more weights belong to no canary: pure noise, from which the adversary
+estimates the σ it scores with (``noise_estimate``), rather than trusting the claimed one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ import math
 import torch
 from torch import nn
 
+SENTINELS = 256
+"""Extra coordinates no example ever touches: their updates are pure noise, from which the
+adversary estimates the σ actually used (the claimed one may be a lie: the negative control)."""
+
+MIN_NOISE = 1e-3
+"""Floor of the estimated σ (an estimate of 0, training without noise, would divide by 0)."""
+
 GAIN = 10.0
 """Canary gradient norm before clipping, in units of C: (1 − 1/K)·GAIN ≥ 1 for any K ≥ 2."""
 
@@ -29,15 +38,17 @@ CANARY_LABEL = 0
 
 
 class CanaryModel(nn.Module):
-    """``base`` plus one parameter per canary; see the module docstring."""
+    """``base`` plus one parameter per canary and ``SENTINELS`` more; see the module docstring."""
+
+    ids: torch.Tensor
 
     def __init__(self, base: nn.Module, input_shape: tuple[int, ...], canaries: int, num_classes: int,
                  max_grad_norm: float) -> None:
         super().__init__()
         self.base, self.input_shape, self.num_classes = base, tuple(input_shape), num_classes
-        self.canary = nn.Linear(canaries, 1, bias=False)
+        self.canary = nn.Linear(canaries + SENTINELS, 1, bias=False)
         nn.init.zeros_(self.canary.weight)
-        self.register_buffer("ids", torch.arange(1, canaries + 1, dtype=torch.float32), persistent=False)
+        self.register_buffer("ids", torch.arange(1, canaries + SENTINELS + 1, dtype=torch.float32), persistent=False)
         self.gain = GAIN * max_grad_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +60,7 @@ class CanaryModel(nn.Module):
         return torch.where((which > 0).unsqueeze(1), spike, logits)
 
     def canary_weights(self) -> torch.Tensor:
-        """The m canary coordinates, detached (a copy)."""
+        """The canary coordinates (m canaries, then the sentinels), detached (a copy)."""
         return self.canary.weight.detach()[0].clone()
 
 
@@ -72,11 +83,18 @@ def observation(gradient: torch.Tensor, divisor: float, max_grad_norm: float) ->
     return -gradient * divisor / max_grad_norm
 
 
+def noise_estimate(sentinels: torch.Tensor, steps: int) -> float:
+    """σ from sentinel observations (each a sum over ``steps`` steps of N(0, σ²)): the root
+    mean square over √steps, at least ``MIN_NOISE``."""
+    return max(MIN_NOISE, float(sentinels.to(torch.float64).square().mean().sqrt()) / math.sqrt(steps))
+
+
 def log_likelihood_ratio(counts: torch.Tensor, steps: int, sample_rate: float, noise_multiplier: float
                          ) -> torch.Tensor:
     """ln of p_in / p_out for observations ``counts`` = c + N(0, steps·σ²), where c ~
     Binomial(steps, q) for a canary in and c = 0 for one out: the most powerful score
-    (Neyman–Pearson) for what the adversary sees, summed over observations by the caller."""
+    (Neyman–Pearson) for what the adversary sees, summed over observations by the caller.
+    σ is the adversary's ``noise_estimate``: the score is a function of the output alone."""
     c = torch.arange(steps + 1, dtype=torch.float64)
     log_binom = (torch.lgamma(torch.tensor(steps + 1.0)) - torch.lgamma(c + 1) - torch.lgamma(steps - c + 1)
                  + c * math.log(sample_rate) + (steps - c) * math.log1p(-sample_rate)

@@ -19,7 +19,6 @@ calibrated one: the negative control, which the audit must flag.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpriv.audit.canaries import CanaryModel, log_likelihood_ratio, observation, with_canaries
+from fedpriv.audit.canaries import CanaryModel, log_likelihood_ratio, noise_estimate, observation, with_canaries
 from fedpriv.audit.one_run import DEFAULT_CONFIDENCE, best_guesses
 from fedpriv.data import load_dataset
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
@@ -93,10 +92,12 @@ class CanaryAudit:
 
 @dataclass
 class _Run:
-    """What one training gives the scorer: per canary, the sum of its log-likelihood ratios."""
+    """What one training gives the scorer: per canary, its score; the σ booked and the one
+    the adversary estimated from the sentinels."""
 
     scores: np.ndarray
     booked_sigma: float
+    seen_sigma: float | None = None
 
 
 def _coins(setup: CanaryAudit) -> torch.Tensor:
@@ -125,9 +126,9 @@ class _Recorder(torch.optim.SGD):
 
     def __init__(self, model: CanaryModel, lr: float) -> None:
         super().__init__(model.parameters(), lr=lr)
-        self.watched, self.seen = model.canary.weight, []
+        self.watched, self.seen = model.canary.weight, list[torch.Tensor]()
 
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
         grad = self.watched.grad
         self.seen.append(torch.zeros(self.watched.shape[1]) if grad is None else grad.detach()[0].clone())
         return super().step(closure)
@@ -161,9 +162,10 @@ def _centralized(setup: CanaryAudit, included: torch.Tensor) -> _Run:
         train_dpsgd(model, x, y, config=config, steps=steps_per_epoch(setup.sample_rate), optimizer=recorder,
                     sampling_generator=sampling, noise_generator=noise, expected_lot_size=divisor)
         seen.extend(recorder.seen)
-    counts = observation(torch.stack(seen), divisor, setup.max_grad_norm)  # (steps, m)
-    scores = log_likelihood_ratio(counts, 1, setup.sample_rate, booked).sum(0)
-    return _Run(scores.numpy(), booked)
+    counts = observation(torch.stack(seen), divisor, setup.max_grad_norm)  # (steps, m + sentinels)
+    sigma = noise_estimate(counts[:, setup.canaries:], 1)
+    scores = log_likelihood_ratio(counts[:, :setup.canaries], 1, setup.sample_rate, sigma).sum(0)
+    return _Run(scores.numpy(), booked, sigma)
 
 
 @torch.no_grad()
@@ -195,7 +197,7 @@ def _federated(setup: CanaryAudit, included: torch.Tensor) -> _Run:
             x, y, _ = with_canaries(features[real], labels[real], mine)
         shares.append((x, y, public_n))
     model = build_model(setup.model, setup.seed) if setup.canary_type == "input" else _canary_model(setup, shape)
-    counts = torch.zeros(setup.epochs, setup.canaries)
+    counts, sentinels = torch.zeros(setup.epochs, setup.canaries), []
     steps = plan.steps_per_round(1)
     for round_ in range(1, setup.epochs + 1):
         before = copy.deepcopy(model.state_dict())
@@ -208,13 +210,15 @@ def _federated(setup: CanaryAudit, included: torch.Tensor) -> _Run:
             if isinstance(local, CanaryModel):  # what the server receives: client k's canaries moved
                 moved = local.canary.weight.detach()[0] - before["canary.weight"][0]  # −lr · Σ_t gradient_t
                 gradients = -moved / plan.lr_at(round_)
-                counts[round_ - 1, owner == k] = observation(gradients, setup.sample_rate * public_n,
-                                                             setup.max_grad_norm)[owner == k]
+                seen = observation(gradients, setup.sample_rate * public_n, setup.max_grad_norm)
+                counts[round_ - 1, owner == k] = seen[:setup.canaries][owner == k]
+                sentinels.append(seen[setup.canaries:])
         model.load_state_dict({name: torch.stack([s[name] for s in returned]).mean(0) for name in before})
     if setup.canary_type == "input":
         return _Run(_loss_scores(model, input_x, input_y), booked)
-    scores = log_likelihood_ratio(counts, steps, setup.sample_rate, booked).sum(0)
-    return _Run(scores.numpy(), booked)
+    sigma = noise_estimate(torch.cat(sentinels), steps)
+    scores = log_likelihood_ratio(counts, steps, setup.sample_rate, sigma).sum(0)
+    return _Run(scores.numpy(), booked, sigma)
 
 
 def _local(setup: CanaryAudit, included: torch.Tensor) -> _Run:
@@ -259,6 +263,7 @@ def audit_dpsgd(setup: CanaryAudit, mode: PrivacyMode | str = PrivacyMode.LOCAL)
         "delta": setup.delta,
         "noise_multiplier": run.booked_sigma,
         "unsafe_noise_multiplier": setup.unsafe_noise_multiplier,
+        "estimated_noise_multiplier": run.seen_sigma,
         "sample_rate": setup.sample_rate,
         "steps": setup.steps,
         "clients": setup.clients,

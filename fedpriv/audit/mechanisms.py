@@ -111,11 +111,10 @@ def _linreg(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, fa
     sums = d2 if neighbour else d
     stacked = linreg.Coefficients(np.tile(sums.quadratic, (n, 1)), np.tile(sums.linear, (n, 1)))
     noisy, _ = linreg.privatise(stacked, 1, epsilon / factor, rng=rng)
-    s_quad, s_lin = linreg.sensitivities(1)
-    outputs = np.hstack([noisy.quadratic, noisy.linear])
-    scales = np.concatenate([np.full(d.quadratic.size, s_quad / (epsilon / 2)), np.full(d.linear.size, s_lin / (epsilon / 2))])
-    return _laplace_llr(outputs, np.concatenate([d.quadratic, d.linear]), np.concatenate([d2.quadratic, d2.linear]),
-                        scales)
+    s_quad, s_lin = linreg.sensitivities(1)  # noise scales s/(ε/2): privatise's default even split
+    scales = np.concatenate([np.full(d.quadratic.size, 2 * s_quad), np.full(d.linear.size, 2 * s_lin)]) / epsilon
+    return _laplace_llr(np.hstack([noisy.quadratic, noisy.linear]), np.concatenate([d.quadratic, d.linear]),
+                        np.concatenate([d2.quadratic, d2.linear]), scales)
 
 
 # --- k-means: DPLloyd's releases and input perturbation ----------------------------------------------------

@@ -18,7 +18,7 @@ from fedpriv.seeding import generator
 @pytest.mark.parametrize("mode", ["vmap", "bookkeeping"])
 def test_canaries_are_dirac_gradients_that_leave_the_model_alone(mode):
     # one full-batch step without noise: each included canary's weight gets exactly −C/(qN),
-    # an excluded one 0, and the real parameters the same step as without any canary
+    # an excluded one and the sentinels 0, and the real parameters the same step as without any canary
     torch.manual_seed(0)
     features, labels = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
     included = torch.tensor([True, False, True, True, False])
@@ -27,7 +27,9 @@ def test_canaries_are_dirac_gradients_that_leave_the_model_alone(mode):
     x, y, _ = with_canaries(features, labels, included)
     train_dpsgd(model, x, y, config=config, steps=1, optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
                 sampling_generator=generator(0, "s"), expected_lot_size=10.0)
-    assert torch.allclose(model.canary_weights(), included.float() * 0.5 / 10.0, rtol=1e-6, atol=0)
+    weights = model.canary_weights()
+    assert torch.allclose(weights[:5], included.float() * 0.5 / 10.0, rtol=1e-6, atol=0)
+    assert not weights[5:].any()  # the sentinels: nothing but noise ever reaches them
     plain = build_model("cnn", 0)
     train_dpsgd(plain, features, labels, config=config, steps=1, optimizer=torch.optim.SGD(plain.parameters(), lr=1.0),
                 sampling_generator=generator(0, "s"), expected_lot_size=10.0)
@@ -36,7 +38,7 @@ def test_canaries_are_dirac_gradients_that_leave_the_model_alone(mode):
 
 
 def _small(data_dir, **kw):
-    return CanaryAudit(canaries=300, train_size=100, epochs=2, data_dir=str(data_dir), target_epsilon=2.0, **kw)
+    return CanaryAudit(canaries=1000, train_size=100, epochs=2, data_dir=str(data_dir), target_epsilon=2.0, **kw)
 
 
 @pytest.mark.parametrize("clients", [None, 3])
@@ -60,6 +62,7 @@ def test_modes_not_yet_written_are_refused(mode):
     with pytest.raises(NotAvailableError, match="not available yet"):
         audit_dpsgd(CanaryAudit(canaries=10), mode)
     done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", mode,
-                           "--target-epsilon", "2", "--out", "unused.json"], capture_output=True, text=True, timeout=120)
+                           "--target-epsilon", "2", "--out", "unused.json"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "not available yet" in done.stderr
