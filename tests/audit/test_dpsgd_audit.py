@@ -38,7 +38,8 @@ def test_canaries_are_dirac_gradients_that_leave_the_model_alone(mode):
 
 
 def _small(data_dir, **kw):
-    return CanaryAudit(canaries=1000, train_size=100, epochs=2, data_dir=str(data_dir), target_epsilon=2.0, **kw)
+    return CanaryAudit(**{"canaries": 1000, "train_size": 100, "epochs": 2, "data_dir": str(data_dir),
+                          "target_epsilon": 2.0, **kw})
 
 
 @pytest.mark.parametrize("clients", [None, 3])
@@ -66,3 +67,9 @@ def test_modes_not_yet_written_are_refused(mode):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "not available yet" in done.stderr
+
+
+def test_input_space_canaries_stay_below_the_claim(shared_data_dir):
+    result = audit_dpsgd(_small(shared_data_dir, canary_type="input", canaries=100))
+    assert "input-space" in result["method"]
+    assert result["epsilon_lower_bound"] <= result["claimed_epsilon"]
