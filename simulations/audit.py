@@ -26,6 +26,8 @@ from simulations._cli import Parser, at_least, delta, non_negative, positive, pr
 PROG = "python -m simulations.audit"
 FIGURE_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 RED, RESET = "\033[31m", "\033[0m"
+MODELS = ("cnn", "mlp", "scatter_linear", "scatter_cnn")
+"""The MNIST models (``fedpriv.models``)."""
 MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca", "count",
               "evaluation")
 """``fedpriv.audit.mechanisms.CASES``' names (checked by a test), here so a bad name is one line at once."""
@@ -33,7 +35,7 @@ MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-inpu
 
 def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--canaries", type=at_least(2), default=1000, help="canaries m (default: 1000)")
-    p.add_argument("--model", default="cnn", help="model trained beside the canaries (default: cnn)")
+    p.add_argument("--model", choices=MODELS, default="cnn", help="model trained beside the canaries (default: cnn)")
     p.add_argument("--seed", type=at_least(0), default=0, help="seed of the coins, the model and the noise")
     p.add_argument("--data-dir", help="folder holding MNIST (default: the cache folder)")
     p.add_argument("--train-size", type=at_least(1), default=1000, help="real MNIST examples (default: 1000)")

@@ -218,6 +218,11 @@ def _gaussian_claim(epsilon: float) -> float:
     return epsilon_of(GaussianEvent(gaussian_noise_for(epsilon)), DELTA)
 
 
+def _count_claim(epsilon: float) -> float:
+    """What the node books for its count: its policy's ``num_examples_event``."""
+    return epsilon_of(_node_policy(Path("unused"), gaussian_noise_for(epsilon), None).num_examples_event(), DELTA)
+
+
 def _dppca(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
     from fedpriv.algorithms import dppca
 
@@ -228,11 +233,13 @@ def _dppca(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, fac
                      for _ in range(n)])
 
 
-def _node_policy(state_dir: Path, noise: float, rng: np.random.Generator) -> Any:
+def _node_policy(state_dir: Path, noise: float, rng: np.random.Generator | None) -> Any:
+    """A throw-away seeded policy with both release noises at ``noise`` (its seed from ``rng``)."""
     from fedpriv.federation.policy import NodePolicy, Randomness
 
     return NodePolicy(epsilon_budget=1e9, state_dir=state_dir, randomness=Randomness.SEEDED,
-                      seed=int(rng.integers(2**62)), num_examples_noise=noise, evaluate_noise=noise)
+                      seed=0 if rng is None else int(rng.integers(2**62)), num_examples_noise=noise,
+                      evaluate_noise=noise)
 
 
 def _on_own_copy(release: Callable[[Path], np.ndarray]) -> np.ndarray:
@@ -273,20 +280,24 @@ class _Scored(nn.Module):
         return logits
 
 
-def _evaluation_claim(epsilon: float) -> float:
+def _evaluation_noise(epsilon: float) -> float:
+    """The policy's ``evaluate_noise`` for ε: its event is GaussianEvent(evaluate_noise / √3)."""
     from fedpriv.federation.policy import EVALUATE_SENSITIVITY
 
-    return epsilon_of(GaussianEvent(gaussian_noise_for(epsilon) * EVALUATE_SENSITIVITY / EVALUATE_SENSITIVITY),
-                      DELTA)
+    return gaussian_noise_for(epsilon) * EVALUATE_SENSITIVITY
+
+
+def _evaluation_claim(epsilon: float) -> float:
+    """What the node books for an evaluation: its policy's ``evaluate_event``."""
+    return epsilon_of(_node_policy(Path("unused"), _evaluation_noise(epsilon), None).evaluate_event(), DELTA)
 
 
 def _evaluation(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
     from clients.releases import noisy_evaluation
-    from fedpriv.federation.policy import EVALUATE_SENSITIVITY, LOSS_CLIP
+    from fedpriv.federation.policy import LOSS_CLIP
 
     def release(state_dir: Path) -> np.ndarray:
-        # evaluate_event is GaussianEvent(evaluate_noise / √3): the noise for ε is √3 σ
-        policy = _node_policy(state_dir, gaussian_noise_for(epsilon) * EVALUATE_SENSITIVITY * factor, rng)
+        policy = _node_policy(state_dir, _evaluation_noise(epsilon) * factor, rng)
         model = _Scored()
         features, labels = torch.zeros(neighbour, 1), torch.zeros(neighbour, dtype=torch.long)
         out = [noisy_evaluation(model, features, labels, policy, "audit", i) for i in range(n)]
@@ -309,7 +320,7 @@ CASES: dict[str, Case] = {
     "iris-output": Case("output perturbation of a softmax answer, two vertices of the simplex",
                         _iris_claim, _iris, 0.0, 20_000),
     "dppca": Case("DP-PCA's noisy second moment (2 × 2), {e₂} vs {e₁, e₂}", _gaussian_claim, _dppca, DELTA, 100_000),
-    "count": Case("a node's DP count of N (clients.releases), N vs N + 1", _gaussian_claim, _count, DELTA, 100_000),
+    "count": Case("a node's DP count of N (clients.releases), N vs N + 1", _count_claim, _count, DELTA, 100_000),
     "evaluation": Case("a node's noisy evaluation (clients.releases), {} vs {a correct record at the loss clip}",
                        _evaluation_claim, _evaluation, DELTA, 100_000),
 }
