@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "dpsgd":
-        if args.privacy != "local":
-            parser.error(f"--privacy {args.privacy}: the audit of this mode is not available yet; use local")
+        if args.privacy == "user":
+            parser.error(f"--privacy {args.privacy}: the audit of this mode is not available yet; use local or "
+                         "distributed")
         if args.unsafe_noise_multiplier is not None:
             print(f"{RED}NEGATIVE CONTROL: training with noise multiplier {args.unsafe_noise_multiplier:g}, "
                   f"less than the accountant books: this run is NOT private{RESET}", file=sys.stderr)

@@ -12,6 +12,13 @@ copies: its data are read (never written), no node, policy or ledger is involved
   node runs) on its share and its canaries; the adversary is the server, which sees each
   client's returned model; the models are averaged (FedAvg, post-processing).
 
+- ``distributed`` with K clients (1 when ``clients`` is None): each round is one step on
+  the union, every client's share computed by ``distributed_contribution`` (the routine a
+  node runs: lattice, rounding, discrete Gaussian share for K honest shares), summed mod
+  2^bits and decoded as the server does; the adversary is the server, which sees each
+  round's decoded noisy sum. σ is calibrated for the distributed event, so the claim is
+  the ε a node's ledger books (the sound bound, ``docs/accounting.md``).
+
 ``unsafe_noise_multiplier`` trains with that σ while the claim (and the scores) keep the
 calibrated one: the negative control, which the audit must flag.
 """
@@ -19,6 +26,7 @@ calibrated one: the negative control, which the audit must flag.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +39,20 @@ import torch.nn.functional as F
 from fedpriv.audit.canaries import CanaryModel, log_likelihood_ratio, noise_estimate, observation, with_canaries
 from fedpriv.audit.one_run import DEFAULT_CONFIDENCE, best_guesses
 from fedpriv.data import load_dataset
+from fedpriv.distributed.contribution import decode_sum, distributed_contribution, unflatten
+from fedpriv.distributed.lattice import Lattice, Rounding, fine_scale
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
 from fedpriv.federation.settings import PrivacyMode
 from fedpriv.models import build_model, model_inputs
-from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event, epsilon_of
-from fedpriv.seeding import generator, round_generators
+from fedpriv.privacy import (
+    calibrate_distributed_noise,
+    calibrate_noise_multiplier,
+    distributed_dpsgd_event,
+    dpsgd_event,
+    epsilon_of,
+)
+from fedpriv.privacy.events import DpEvent
+from fedpriv.seeding import derive_seed, generator, round_generators
 from fedpriv.training import TrainingPlan, train_round
 
 
@@ -98,6 +115,8 @@ class _Run:
     scores: np.ndarray
     booked_sigma: float
     seen_sigma: float | None = None
+    claimed: float | None = None
+    """The ε its ledger would book, where it is not DP-SGD's Gaussian event's."""
 
 
 def _coins(setup: CanaryAudit) -> torch.Tensor:
@@ -225,6 +244,58 @@ def _local(setup: CanaryAudit, included: torch.Tensor) -> _Run:
     return _centralized(setup, included) if setup.clients is None else _federated(setup, included)
 
 
+def _distributed(setup: CanaryAudit, included: torch.Tensor) -> _Run:
+    if setup.canary_type != "gradient":
+        raise NotAvailableError("the distributed audit has gradient canaries only: the server sees sums, not models")
+    clients = setup.clients or 1
+    features, labels = _real_data(setup)
+    shape = tuple(features.shape[1:])
+    model = _canary_model(setup, shape)
+    dimension = sum(p.numel() for p in model.parameters())
+    lattice = Lattice(fine_scale(setup.max_grad_norm, dimension, rounding=Rounding.NEAREST), setup.max_grad_norm,
+                      dimension, modulus_bits=48, rounding=Rounding.NEAREST)
+    booked = _distributed_sigma(setup, lattice, clients)
+    trained = setup.trained_noise_multiplier(booked)
+    owner = torch.arange(setup.canaries) % clients
+    shares = [with_canaries(features[k::clients], labels[k::clients], included & (owner == k))[:2]
+              for k in range(clients)]
+    divisor = setup.sample_rate * (len(labels) + setup.canaries / 2)  # public: the same whatever the coins
+    seen = []
+    for step in range(1, setup.steps + 1):
+        total = np.zeros(dimension, dtype=np.uint64)
+        for k, (x, y) in enumerate(shares):
+            contribution = distributed_contribution(
+                model, x, y, sample_rate=setup.sample_rate, lattice=lattice, noise_multiplier=trained,
+                honest_shares=clients, secure=False, max_physical_batch_size=setup.max_physical_batch_size,
+                sampling_generator=generator(setup.seed, "audit", "sampling", k, step),
+                rounding_generator=generator(setup.seed, "audit", "rounding", k, step),
+                noise_generator=np.random.default_rng(derive_seed(setup.seed, "audit", "noise", k, step)))
+            total = (total + contribution.vector) % np.uint64(lattice.modulus)
+        gradient = decode_sum(total, lattice) / divisor  # what the server sees, and steps with
+        grads = unflatten(gradient, model)
+        seen.append(grads["canary.weight"][0].float().clone())
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.sub_(setup.lr * grads[name])
+    counts = observation(torch.stack(seen), divisor, setup.max_grad_norm)
+    sigma = noise_estimate(counts[:, setup.canaries:], 1)
+    scores = log_likelihood_ratio(counts[:, :setup.canaries], 1, setup.sample_rate, sigma).sum(0)
+    return _Run(scores.numpy(), booked, sigma, claimed=epsilon_of(
+        _distributed_event(booked, setup, lattice, clients), setup.delta))
+
+
+def _distributed_event(sigma: float, setup: CanaryAudit, lattice: Lattice, clients: int) -> DpEvent:
+    return distributed_dpsgd_event(lattice.noise_stddev(sigma, clients), clients, lattice.sensitivity,
+                                   lattice.dimension, setup.sample_rate, setup.steps)
+
+
+def _distributed_sigma(setup: CanaryAudit, lattice: Lattice, clients: int) -> float:
+    """σ whose K shares a node books at ``target_epsilon`` (the share calibrated, as a σ)."""
+    share = calibrate_distributed_noise(setup.target_epsilon, setup.delta, setup.sample_rate, setup.steps, clients,
+                                        lattice.sensitivity, lattice.dimension)
+    return share * math.sqrt(clients) / lattice.clip
+
+
 def _not_available(mode: PrivacyMode) -> Callable[[CanaryAudit, torch.Tensor], _Run]:
     def refuse(setup: CanaryAudit, included: torch.Tensor) -> _Run:
         raise NotAvailableError(f"the audit of privacy mode {mode.value!r} is not available yet; use 'local'")
@@ -233,7 +304,7 @@ def _not_available(mode: PrivacyMode) -> Callable[[CanaryAudit, torch.Tensor], _
 
 MODES: dict[PrivacyMode, Callable[[CanaryAudit, torch.Tensor], _Run]] = {
     PrivacyMode.LOCAL: _local,
-    PrivacyMode.DISTRIBUTED: _not_available(PrivacyMode.DISTRIBUTED),
+    PrivacyMode.DISTRIBUTED: _distributed,
     PrivacyMode.USER: _not_available(PrivacyMode.USER),
 }
 """Each privacy mode's training and scoring: a mode plugs in here, given the coins."""
@@ -247,7 +318,8 @@ def audit_dpsgd(setup: CanaryAudit, mode: PrivacyMode | str = PrivacyMode.LOCAL)
     included = _coins(setup)
     run = run_mode(setup, included)
     bound = best_guesses(run.scores, included.numpy(), setup.delta, setup.confidence)
-    claimed = epsilon_of(dpsgd_event(run.booked_sigma, setup.sample_rate, setup.steps), setup.delta)
+    claimed = run.claimed if run.claimed is not None else \
+        epsilon_of(dpsgd_event(run.booked_sigma, setup.sample_rate, setup.steps), setup.delta)
     return {
         "claimed_epsilon": claimed,
         "epsilon_lower_bound": bound.epsilon_lower_bound,

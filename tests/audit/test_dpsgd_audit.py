@@ -58,7 +58,20 @@ def test_training_without_noise_is_flagged(shared_data_dir, clients):
     assert result["unsafe_noise_multiplier"] == 0.0
 
 
-@pytest.mark.parametrize("mode", ["distributed", "user"])
+@pytest.mark.parametrize("clients", [None, 3])
+def test_a_small_distributed_audit_stays_below_its_claim_and_its_no_noise_control_is_flagged(shared_data_dir,
+                                                                                              clients):
+    """Distributed mode: each step the server sees the decoded sum of the clients' lattice
+    vectors and integer noise shares (``distributed_contribution``, what a node sends); the
+    claim is the distributed event's ε, which the lower bound must not exceed, and σ = 0
+    must be caught."""
+    safe = audit_dpsgd(_small(shared_data_dir, clients=clients), "distributed")
+    assert safe["claimed_epsilon"] <= 2.0 and safe["epsilon_lower_bound"] <= safe["claimed_epsilon"]
+    broken = audit_dpsgd(_small(shared_data_dir, clients=clients, unsafe_noise_multiplier=0.0), "distributed")
+    assert broken["epsilon_lower_bound"] > broken["claimed_epsilon"]
+
+
+@pytest.mark.parametrize("mode", ["user"])
 def test_modes_not_yet_written_are_refused(mode):
     with pytest.raises(NotAvailableError, match="not available yet"):
         audit_dpsgd(CanaryAudit(canaries=10), mode)
