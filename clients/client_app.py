@@ -13,10 +13,11 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import task
+from clients import task, userlevel
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from fedpriv.federation import protocol
+from fedpriv.federation.settings import PrivacyMode, RunSettings
 
 # dp-accounting logs every RDP order it skips; harmless, and it floods the run log. absl
 # also gives the root logger a handler, which would print Flower's lines twice.
@@ -54,7 +55,14 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Book the round in the node's ledger, then train locally with DP-SGD; or refuse."""
-    return answer(task.train, msg, context)
+    return answer(_train, msg, context)
+
+
+def _train(msg: Message, context: Context) -> RecordDict:
+    """The TRAIN handler of the run's privacy mode (``user``: ``clients.userlevel``)."""
+    if RunSettings.from_run_config(context.run_config).privacy is PrivacyMode.USER:
+        return userlevel.train(msg, context)
+    return task.train(msg, context)
 
 
 @app.evaluate()

@@ -12,6 +12,7 @@ booked under the same entries, so nothing is counted twice.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,7 @@ from server.ledger import ServerLedger
 from server.progress import Progress
 from server.state import Checkpoint, ServerState
 from server.strategy import BudgetedFedAvg, BudgetExhausted
+from server.userlevel import UserLevelFedAvg, training_settings
 
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
@@ -51,8 +53,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     """Run ``rounds`` rounds (fewer when budgets run out); write ``out`` when set."""
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
-    if settings.privacy is not PrivacyMode.LOCAL:
-        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local'")
+    if settings.privacy is PrivacyMode.DISTRIBUTED:
+        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local' or 'user'")
+    user_level = settings.privacy is PrivacyMode.USER  # central user-level DP-FedAvg: server.userlevel
     out = Path(settings.out) if settings.out else None
     state = ServerState(settings.state_dir) if settings.state_dir else None
     ledger = ServerLedger(Budget(epsilon=settings.server_budget, delta=settings.delta),
@@ -62,7 +65,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     discovered = discover(grid, min_nodes=settings.min_clients)
     discovery_seconds = time.perf_counter() - start
     book_releases(ledger, discovered.values())
-    assigner = Assigner(settings, discovered)
+    assigner = Assigner(training_settings(settings) if user_level else settings, discovered)
 
     def admit(g: Grid, node_ids: list[int]) -> dict[int, Assignment]:
         found = describe_nodes(g, node_ids, LATE_NODE_TIMEOUT_S)
@@ -73,7 +76,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model = build_model(model_name, settings.seed)
     history, run_key, first, arrays = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
-    strategy = BudgetedFedAvg(
+    strategy = (functools.partial(UserLevelFedAvg, settings) if user_level else BudgetedFedAvg)(
         ledger, assigner(discovered), history, run_key, fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate, seed=settings.seed, admit=admit,
         accept_failures=settings.accept_failures,
@@ -109,6 +112,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     history.spent = {a.client_id: spent.spent(a.client_id) for a in strategy.nodes.values()}
     history.model_sha256 = model_sha256(model)
     history.resolved = resolved(ledger, assigner, strategy.nodes.values())
+    if isinstance(strategy, UserLevelFedAvg):
+        history.resolved["user_level"] = strategy.resolved()
     history.wall_time_s = time.perf_counter() - start
     log(INFO, "Final ε: %s", epsilon_summary(history.final_epsilon().values()))
     if out:

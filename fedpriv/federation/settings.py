@@ -36,6 +36,18 @@ class PrivacyMode(StrEnum):
     USER = "user"
 
 
+class ServerRandomness(StrEnum):
+    """Where a central user-level server draws its cohorts and noise (``docs/user-level.md``).
+
+    - ``secure``: the OS CSPRNG (the default).
+    - ``seeded``: from the run's ``seed``, reproducible; whoever knows the run config (it is
+      public) can strip the noise: for simulations and tests only.
+    """
+
+    SECURE = "secure"
+    SEEDED = "seeded"
+
+
 class Partition(StrEnum):
     """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
@@ -85,6 +97,12 @@ class RunSettings:
     round_timeout: float = 3600.0
     accept_failures: bool = True
     privacy: PrivacyMode = PrivacyMode.LOCAL
+    cohort: int | None = None
+    user_clip: float = 1.0
+    clip_quantile: float | None = None
+    clip_lr: float = 0.2
+    clip_count_noise: float | None = None
+    server_randomness: ServerRandomness = ServerRandomness.SECURE
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -113,6 +131,14 @@ class RunSettings:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
+        if self.cohort is not None and self.cohort < 1:
+            raise SettingsError(f"cohort must be >= 1 (0: every client), got {self.cohort}")
+        for name in ("user_clip", "clip_lr", "clip_count_noise"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
+        if self.clip_quantile is not None and not 0 < self.clip_quantile < 1:
+            raise SettingsError(f"clip-quantile must be in (0, 1) (0: fixed clipping), got {self.clip_quantile}")
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
             raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
 
@@ -137,9 +163,10 @@ class RunSettings:
 _UNSET_IF_ZERO = {
     "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
     "max_grad_norm", "lr", "limit_train", "limit_test", "max_physical_batch",
+    "cohort", "clip_quantile", "clip_count_noise",
 }
 _INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test",
-         "max_physical_batch"}
+         "max_physical_batch", "cohort"}
 
 
 def _parse(field: str, value: Any) -> Any:
@@ -149,6 +176,8 @@ def _parse(field: str, value: Any) -> Any:
             return Partition(value)
         if field == "privacy":
             return PrivacyMode(value)
+        if field == "server_randomness":
+            return ServerRandomness(value)
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
         if field in ("data_dir", "out", "state_dir"):
