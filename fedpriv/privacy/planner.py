@@ -167,7 +167,7 @@ def table(result: dict[str, Any]) -> str:
         if not m["available"]:
             return m["reason"] if key == "noise_multiplier" else "-"
         value = m[key]
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
+        return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
     rows = [["", *(m["mode"] for m in modes)],
             ["noise multiplier", *(cell(m, "noise_multiplier") for m in modes)],
