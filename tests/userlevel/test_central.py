@@ -97,3 +97,26 @@ def test_a_node_that_does_not_trust_the_servers_noise_refuses_and_books_nothing(
     for i in range(NODES):
         node = PrivacyLedger.load(tmp_path / f"node{i}" / "ledger.json")
         assert node.events(str(i)) == ()
+
+
+def test_a_reply_over_the_clip_or_with_a_forged_bit_or_charge_is_rejected():
+    from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+
+    from fedpriv.privacy.charge import Charge
+    from server.userlevel import check_user_reply
+
+    global_arrays = ArrayRecord({"w": Array(np.zeros((2, 2), dtype=np.float32))})
+    charge = Charge("run-x/round-1/train", (GaussianEvent(Z / 2),))
+
+    def reply(delta, bit=1, events=(GaussianEvent(Z / 2),)):
+        content = RecordDict({protocol.ARRAYS: ArrayRecord({"w": Array(np.asarray(delta, dtype=np.float32))}),
+                              protocol.PRIVACY: protocol.charge_record(Charge(charge.entry, events)),
+                              "user": MetricRecord({"under-clip": bit})})
+        return Message(content, 1, MessageType.TRAIN)
+
+    assert check_user_reply(reply([[0.3, 0.0], [0.0, 0.4]]), charge, global_arrays, 0.5) is None
+    assert "exceeds the clip" in check_user_reply(reply([[0.3, 0.0], [0.0, 0.41]]), charge, global_arrays, 0.5)
+    assert "0 or 1" in check_user_reply(reply([[0.0, 0.0], [0.0, 0.0]], bit=7), charge, global_arrays, 0.5)
+    assert "differs from the booked" in check_user_reply(
+        reply([[0.0, 0.0], [0.0, 0.0]], events=(GaussianEvent(Z),)), charge, global_arrays, 0.5)
+    assert "non-finite" in check_user_reply(reply([[np.nan, 0.0], [0.0, 0.0]]), charge, global_arrays, 0.5)
