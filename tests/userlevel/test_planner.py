@@ -46,13 +46,14 @@ def test_the_local_plan_is_what_a_run_uses_and_its_epsilon_what_the_ledgers_show
 
 
 def test_the_local_plan_shares_the_lot_as_the_server_does():
-    sizes = (60, 80, 1000, 45)
+    sizes = (3000, 4000, 50_000, 2500)  # the lot (4096) shared: q = 4096 / (2500 + 3000 + 4000 + 4·3000)
     settings = RunSettings.from_run_config({"target-epsilon": 2.0, "rounds": 5})
     assigner = Assigner(settings, {i: ClientInfo(str(i), n) for i, n in enumerate(sizes)})
     local = plan(Federation(population=4, rounds=5, delta=DELTA, sizes=sizes, target_epsilon=2.0),
                  ["local"])["modes"]["local"]
-    assigned = assigner({3: ClientInfo("3", 45)})[3].plan
-    assert (assigned.noise_multiplier, assigned.sample_rate(45)) == (local["noise_multiplier"], local["sample_rate"])
+    assigned = assigner({3: ClientInfo("3", 2500)})[3].plan
+    assert local["sample_rate"] == pytest.approx(4096 / 21_500)
+    assert (assigned.noise_multiplier, assigned.sample_rate(2500)) == (local["noise_multiplier"], local["sample_rate"])
 
 
 def test_the_user_level_plan_is_dp_accountings():
@@ -93,3 +94,20 @@ def test_the_command_prints_each_mode_side_by_side_and_writes_json(tmp_path, cap
     assert set(written["modes"]) == {"local", "distributed", "user"}
     assert len(written["modes"]["user"]["epsilon"]) == 4
     assert written["modes"]["user"]["epsilon"][-1] <= 3.0
+
+
+def test_the_simulations_dry_run_prints_the_plan_of_its_flags_and_trains_nothing(tmp_path, capsys, shared_data_dir):
+    from simulations.mnist import main as mnist
+
+    out = tmp_path / "out"
+    result = mnist(["--clients", str(NODES), "--rounds", str(ROUNDS), "--target-epsilon", str(TARGET),
+                    "--limit-train", str(LIMIT), "--lot-size", str(LOT), "--data-dir", str(shared_data_dir),
+                    "--privacy", "user", "--cohort", "1", "--out", str(out), "--seed", "0", "--dry-run"])
+    sizes = tuple(len(local_data(RunSettings.from_run_config({"limit-train": LIMIT}),
+                                 {"partition-id": p, "num-partitions": NODES}, shared_data_dir,
+                                 partition_key=0).labels) for p in range(NODES))
+    expected = plan(Federation(population=NODES, cohort=1, rounds=ROUNDS, delta=DELTA, sizes=sizes, lot_size=LOT,
+                               target_epsilon=TARGET))
+    assert result == expected
+    assert "needs issue 24's accounting" in capsys.readouterr().out
+    assert not out.exists()
