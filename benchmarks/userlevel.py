@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from simulations._cli import Parser, at_least, positive, write_out
 
@@ -89,9 +89,11 @@ def _flower_client_app() -> Any:
         data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
                           partition_key=policy.partition_key)
         model = _received_model(msg, plan.model, settings.seed)
-        cid = int(context.node_config["partition-id"])
-        train_round(model, data.features, data.labels, plan, seed=settings.seed, client=cid,
-                    round_=int(msg.content.config_records["config"].get("server-round", 1)), device=default_device())
+        server_round = msg.content.config_records["config"].get("server-round", 1)
+        assert isinstance(server_round, int)
+        train_round(model, data.features, data.labels, plan, seed=settings.seed,
+                    client=int(str(context.node_config["partition-id"])), round_=server_round,
+                    device=default_device())
         content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
                               "metrics": MetricRecord({"num-examples": 1})})  # uniform weights: the DP mean
         return Message(content, reply_to=msg)
@@ -122,6 +124,7 @@ def run(args: Any) -> dict[str, Any]:
     """Both runs; their accuracies, times and fedpriv's ε."""
     import numpy as np
     from flwr.app import ArrayRecord
+    from flwr.serverapp import Grid
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
     from fedpriv.models import build_model
@@ -134,7 +137,7 @@ def run(args: Any) -> dict[str, Any]:
         state = Path(tmp)
         config, nodes = _run_config(args, state), _nodes(args, state)
         start = time.perf_counter()
-        history = run_server(InProcessGrid(config, nodes), config)
+        history = run_server(cast(Grid, InProcessGrid(config, nodes)), config)
         epsilon = list(history.final_epsilon().values())
         out["fedpriv"] = {"accuracy": [r.test_accuracy for r in history.rounds], "seconds": time.perf_counter() - start,
                           "epsilon": {"min": min(epsilon), "median": statistics.median(epsilon), "max": max(epsilon),
@@ -147,10 +150,10 @@ def run(args: Any) -> dict[str, Any]:
         strategy = DifferentialPrivacyServerSideFixedClipping(fedavg, args.noise_multiplier, args.user_clip,
                                                               args.cohort)
         start = time.perf_counter()
-        result = strategy.start(InProcessGrid(config, nodes, client_app=_flower_client_app()),
+        result = strategy.start(cast(Grid, InProcessGrid(config, nodes, client_app=_flower_client_app())),
                                 ArrayRecord(build_model(args.model, args.seed).state_dict()), num_rounds=args.rounds,
                                 evaluate_fn=_evaluate(args))
-        out["flower"] = {"accuracy": [float(result.evaluate_metrics_serverapp[r]["accuracy"])
+        out["flower"] = {"accuracy": [cast(float, result.evaluate_metrics_serverapp[r]["accuracy"])
                                       for r in range(1, args.rounds + 1)],
                          "seconds": time.perf_counter() - start, "epsilon": None}
     out["accuracy_gap_points"] = 100 * (out["fedpriv"]["accuracy"][-1] - out["flower"]["accuracy"][-1])

@@ -183,8 +183,9 @@ class UserLevelFedAvg(BudgetedFedAvg):
                 log(WARNING, "Rejected update of client %s: %s", cid, problem)
             else:
                 content = reply.content
-                accepted.append((cid, content.array_records[protocol.ARRAYS],
-                                 float(content.metric_records[userlevel.USER][userlevel.UNDER_CLIP])))
+                bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
+                assert isinstance(bit, (int, float))  # check_user_reply refused any other
+                accepted.append((cid, content.array_records[protocol.ARRAYS], float(bit)))
         expected = self.sample_rate * len(self._population)
         round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
                                    "expected_cohort": expected}

@@ -131,6 +131,12 @@ class RunSettings:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
+        self._check_user_level()
+        if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
+            raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
+
+    def _check_user_level(self) -> None:
+        """The user-level keys (``docs/user-level.md``) are in range."""
         if self.cohort is not None and self.cohort < 1:
             raise SettingsError(f"cohort must be >= 1 (0: every client), got {self.cohort}")
         for name in ("user_clip", "clip_lr", "clip_count_noise"):
@@ -139,8 +145,6 @@ class RunSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
         if self.clip_quantile is not None and not 0 < self.clip_quantile < 1:
             raise SettingsError(f"clip-quantile must be in (0, 1) (0: fixed clipping), got {self.clip_quantile}")
-        if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
-            raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
 
     @property
     def server_budget(self) -> float:

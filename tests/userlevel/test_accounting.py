@@ -81,7 +81,7 @@ def test_a_participant_books_the_gaussian_of_sensitivity_two_s():
     assert epsilon_of(participant_event(z), DELTA) == pytest.approx(record_level.get_epsilon(DELTA), rel=1e-9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dpa_curve(event: dp_accounting.DpEvent) -> np.ndarray:
     acc = RdpAccountant(orders=list(ORDERS))
     logging.getLogger("absl").setLevel(logging.ERROR)  # its skipped orders are +inf: only ever larger ε

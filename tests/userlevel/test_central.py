@@ -108,7 +108,7 @@ def test_a_reply_over_the_clip_or_with_a_forged_bit_or_charge_is_rejected():
     global_arrays = ArrayRecord({"w": Array(np.zeros((2, 2), dtype=np.float32))})
     charge = Charge("run-x/round-1/train", (GaussianEvent(Z / 2),))
 
-    def reply(delta, bit=1, events=(GaussianEvent(Z / 2),)):
+    def reply(delta, bit=1, events=charge.events):
         content = RecordDict({protocol.ARRAYS: ArrayRecord({"w": Array(np.asarray(delta, dtype=np.float32))}),
                               protocol.PRIVACY: protocol.charge_record(Charge(charge.entry, events)),
                               "user": MetricRecord({"under-clip": bit})})
