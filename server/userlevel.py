@@ -11,7 +11,9 @@ Each round, for the population P (the known clients that can still afford it):
    N(0, (z_Δ S)²) per coordinate — always, even to an empty sum — and divides by the
    expected cohort m = q·|P|; the model moves by that mean;
 5. with ``clip-quantile`` γ: b̃ = (Σ(b − ½) + N(0, σ_b²)) / m + ½ and S ← S·exp(−η(b̃ − γ)),
-   z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) so the round stays one Gaussian of multiplier z.
+   z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) so the round stays one Gaussian of multiplier z; σ_b is
+   ``clip-count-noise``, by default max(m/20, z) (Andrew et al.'s m/20, at least z: small
+   cohorts keep z_Δ ≤ 1.16 z).
 
 Randomness (``server-randomness``): ``secure`` draws the cohort and noise from the OS
 CSPRNG; ``seeded`` from one stream per round, ``numpy.random.default_rng(derive_seed(seed,
@@ -109,14 +111,14 @@ class UserLevelFedAvg(BudgetedFedAvg):
         self.sample_rate = self.expected_cohort / population
         if settings.noise_multiplier is not None:
             self.noise_multiplier = settings.noise_multiplier
-        elif settings.target_epsilon is not None:
+        else:
+            assert settings.target_epsilon is not None  # RunSettings requires one of them in this mode
             self.noise_multiplier = calibrate_noise_multiplier(
                 settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds)
-        else:
-            raise SettingsError("privacy = 'user' needs noise-multiplier (z) or target-epsilon")
         self.quantile = settings.clip_quantile
         self.clip_lr = settings.clip_lr
-        self.count_noise = (settings.clip_count_noise or self.expected_cohort / 20) if self.quantile else None
+        self.count_noise = (settings.clip_count_noise or max(self.expected_cohort / 20, self.noise_multiplier)) \
+            if self.quantile else None
         self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
         self.clip = settings.user_clip

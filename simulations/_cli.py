@@ -240,7 +240,7 @@ def federated_parser(dataset: str) -> Parser:
                       help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
     user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
     user.add_argument("--clip-count-noise", type=positive,
-                      help="σ_b of adaptive clipping's noisy count (default: cohort / 20)")
+                      help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
     p.add_argument("--dry-run", action="store_true",
                    help="print the planner's plan for these flags (python -m fedpriv.privacy plan) and exit")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")

@@ -145,6 +145,12 @@ class RunSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
         if self.clip_quantile is not None and not 0 < self.clip_quantile < 1:
             raise SettingsError(f"clip-quantile must be in (0, 1) (0: fixed clipping), got {self.clip_quantile}")
+        if self.privacy is PrivacyMode.USER and self.noise_multiplier is None and self.target_epsilon is None:
+            raise SettingsError("privacy = 'user' needs noise-multiplier (z) or target-epsilon")
+        quantile, count_noise, z = self.clip_quantile, self.clip_count_noise, self.noise_multiplier
+        if quantile is not None and count_noise is not None and z is not None and not 2 * count_noise > z:
+            raise SettingsError(f"clip-count-noise {self.clip_count_noise} must exceed half the noise multiplier "
+                                f"{self.noise_multiplier}: the count estimate would spend the whole round")
 
     @property
     def server_budget(self) -> float:
