@@ -13,10 +13,11 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import distributed, task
+from clients import distributed, task, userlevel
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from fedpriv.federation import protocol
+from fedpriv.federation.settings import PrivacyMode, RunSettings
 from fedpriv.secagg.stages import RECORD_KEY
 
 # dp-accounting logs every RDP order it skips; harmless, and it floods the run log. absl
@@ -54,10 +55,18 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Book the round in the node's ledger, then train locally with DP-SGD; or, in a
-    distributed round (secure aggregation's stages), ``clients.distributed``; or refuse."""
-    handler = distributed.train if RECORD_KEY in msg.content.config_records else task.train
-    return answer(handler, msg, context)
+    """Book the round in the node's ledger, then train locally with DP-SGD; or refuse."""
+    return answer(_train, msg, context)
+
+
+def _train(msg: Message, context: Context) -> RecordDict:
+    """The TRAIN handler of the message: a secure-aggregation stage of a distributed round
+    (``clients.distributed``), a user-level round (``clients.userlevel``) or local DP-SGD."""
+    if RECORD_KEY in msg.content.config_records:
+        return distributed.train(msg, context)
+    if RunSettings.from_run_config(context.run_config).privacy is PrivacyMode.USER:
+        return userlevel.train(msg, context)
+    return task.train(msg, context)
 
 
 @app.evaluate()

@@ -8,14 +8,13 @@ run every client uses that lot and q = lot / N differs between clients. In targe
 count of N) and ``rounds`` rounds of the event end at ≤ ``target-epsilon``.
 
 The N here are what clients *released*, so none can be trusted to be honest: in ΣN and
-as a FedAvg weight each counts at most ``SIZE_CAP`` times the lower median of the sizes
+as a FedAvg weight each counts at most ``SIZE_CAP`` (``fedpriv.training.plan``) times the lower median of the sizes
 the first discovery found. One client can thus lower the others' shared q by a factor of
 at most 1 + SIZE_CAP·m/Σ_others (m: the lower median), and can never raise it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,10 +23,9 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan, calibrate_plan, default_plan
+from fedpriv.training.plan import shared_plan
+from fedpriv.training.plan import size_cap as _size_cap
 from server.discovery import ClientInfo
-
-SIZE_CAP = 4.0
-"""A client's N counts at most this many times the lower median of the discovered sizes."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +67,7 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
 
 def size_cap(clients: Mapping[int, ClientInfo]) -> float:
     """``SIZE_CAP`` × the lower median of the clients' sizes (∞ without clients)."""
-    sizes = sorted(info.num_examples for info in clients.values())
-    return SIZE_CAP * sizes[(len(sizes) - 1) // 2] if sizes else float("inf")
+    return _size_cap([info.num_examples for info in clients.values()])
 
 
 class Assigner:
@@ -83,8 +80,7 @@ class Assigner:
         plan = base_plan(settings)
         self.cap = size_cap(clients)
         if settings.lot_size is None and clients:
-            total = sum(min(info.num_examples, self.cap) for info in clients.values())
-            plan = dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
+            plan = shared_plan(plan, [info.num_examples for info in clients.values()])
         self.settings = settings
         self.plan = plan
         self._calibrations: dict[tuple[float, tuple[DpEvent, ...]], TrainingPlan] = {}

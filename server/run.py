@@ -42,6 +42,7 @@ from server.ledger import ServerLedger
 from server.progress import Progress
 from server.state import Checkpoint, ServerState
 from server.strategy import BudgetedFedAvg, BudgetExhausted
+from server.userlevel import UserLevelFedAvg, training_settings
 
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
@@ -54,8 +55,6 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     """Run ``rounds`` rounds (fewer when budgets run out); write ``out`` when set."""
     start = time.perf_counter()
     settings = RunSettings.from_run_config(run_config)
-    if settings.privacy is PrivacyMode.USER:
-        raise SettingsError(f"privacy = {settings.privacy.value!r} is not available yet; use 'local' or 'distributed'")
     out = Path(settings.out) if settings.out else None
     state = ServerState(settings.state_dir) if settings.state_dir else None
     ledger = ServerLedger(Budget(epsilon=settings.server_budget, delta=settings.delta),
@@ -65,9 +64,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     discovered = discover(grid, min_nodes=settings.min_clients)
     discovery_seconds = time.perf_counter() - start
     book_releases(ledger, discovered.values())
-    # distributed: σ is calibrated once for the cohort (server.distributed.setup), not per client
-    assigner = Assigner(dataclasses.replace(settings, target_epsilon=None)
-                        if settings.privacy is PrivacyMode.DISTRIBUTED else settings, discovered)
+    assigner = Assigner(_assigned_settings(settings), discovered)
 
     def admit(g: Grid, node_ids: list[int]) -> dict[int, Assignment]:
         found = describe_nodes(g, node_ids, LATE_NODE_TIMEOUT_S)
@@ -119,13 +116,27 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     return history
 
 
+def _assigned_settings(settings: RunSettings) -> RunSettings:
+    """The settings each client's plan is assigned from: user level trains without per-example
+    noise (``server.userlevel.training_settings``); distributed calibrates σ once for the
+    cohort (``server.distributed.setup``), not per client."""
+    if settings.privacy is PrivacyMode.USER:
+        return training_settings(settings)
+    if settings.privacy is PrivacyMode.DISTRIBUTED:
+        return dataclasses.replace(settings, target_epsilon=None)
+    return settings
+
+
 def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assignment], history: History,
               run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]]
               ) -> BudgetedFedAvg:
-    """The run's strategy: budget-aware FedAvg of local DP-SGD updates, or, with
-    ``privacy = "distributed"``, one secure sum and one server step per round."""
+    """The run's strategy: budget-aware FedAvg of local DP-SGD updates; with ``privacy =
+    "user"``, central user-level DP-FedAvg; with ``"distributed"``, one secure sum and one
+    server step per round."""
     options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
                                    seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
+    if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
+        return UserLevelFedAvg(settings, ledger, nodes, history, run_key, **options)
     if settings.privacy is PrivacyMode.DISTRIBUTED:
         return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes),
                                  build_model(plan.model, settings.seed), **options)

@@ -167,12 +167,17 @@ class BudgetedFedAvg(FedAvg):
         self._global = arrays
         self._sent = {}
         for node in sampled:
-            node_config = ConfigRecord({**config, **self.nodes[node].config})
+            node_config = ConfigRecord({**config, **self.nodes[node].config, **self.train_config(server_round)})
             node_config[protocol.SERVER_ROUND] = server_round
             node_config[protocol.RUN_KEY] = self.run_key
             content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: node_config})
             self._sent[node] = Sent(self.nodes[node], Message(content, node, MessageType.TRAIN))
         return [s.message for s in self._sent.values()]
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        """What every TRAIN of ``server_round`` carries besides its client's plan: nothing here
+        (a subclass's hook: ``server.userlevel``)."""
+        return {}
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -261,22 +266,27 @@ class BudgetedFedAvg(FedAvg):
                 log(WARNING, "Rejected update of client %s: %s", a.client_id, problem)
             else:
                 accepted.append((a, reply.content.array_records[protocol.ARRAYS]))
+        if self.close_round(round_log, len(accepted)) or not accepted:
+            return None, None
+        accepted.sort(key=lambda item: item[0].client_id)  # float sums must not depend on arrival order
+        return weighted_average([(a.weight, arrays) for a, arrays in accepted]), None
+
+    def close_round(self, round_log: RoundLog, accepted: int) -> bool:
+        """Log each client's ε and the round's outcome; True when its updates are discarded
+        (``accept_failures`` false and a sampled client failed)."""
         ledger = self.ledger.snapshot()
         round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
         for cid in round_log.participants:
             log(INFO, "\tclient %s: ε = %.4f (δ = %g)", cid, round_log.epsilon[cid], self.ledger.budget.delta)
         log(INFO, "aggregate_train: %d accepted, %d rejected, %d refused or failed",
-            len(accepted), len(round_log.rejected), len(round_log.failed))
+            accepted, len(round_log.rejected), len(round_log.failed))
         round_log.train_seconds = time.perf_counter() - self._round_start
         if round_log.failed and not self.accept_failures:
             round_log.discarded = (f"accept-failures = false and {len(round_log.failed)} of "
                                    f"{len(round_log.participants)} clients failed: the previous model is kept")
-            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
-            return None, None
-        if not accepted:
-            return None, None
-        accepted.sort(key=lambda item: item[0].client_id)  # float sums must not depend on arrival order
-        return weighted_average([(a.weight, arrays) for a, arrays in accepted]), None
+            log(WARNING, "Round %d: %s", round_log.round, round_log.discarded)
+            return True
+        return False
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Loss and accuracy from the noisy sums of the replies that pass the checks."""

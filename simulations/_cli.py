@@ -235,6 +235,17 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--lattice-rounding", choices=["nearest", "conditional"],
                    help="distributed mode: each clipped example to the nearest lattice point, or by Kairouz et al.'s "
                         f"conditional randomized rounding (default: {d['lattice-rounding']})")
+    user = p.add_argument_group("user level (--privacy user)")
+    user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
+    user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "
+                                                         f"(default: {d['user-clip']})")
+    user.add_argument("--clip-quantile", type=unit_interval,
+                      help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
+    user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
+    user.add_argument("--clip-count-noise", type=positive,
+                      help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the planner's plan for these flags (python -m fedpriv.privacy plan) and exit")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--cpus-per-client", type=positive,
                    help="default: torch's threads shared out, max(1, threads // clients)")

@@ -43,7 +43,7 @@ import torch
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
-from fedpriv.federation.settings import RunSettings, SettingsError
+from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
@@ -60,6 +60,7 @@ _KEYS = (
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
     "lattice-rounding",
+    "cohort", "user-clip", "clip-quantile", "clip-lr", "clip-count-noise",
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
@@ -77,7 +78,8 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
 
 def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     """The run-config keys the user set (kebab-case), the data set and ``min-clients``."""
-    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients}
+    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients,
+                                 "server-randomness": "seeded"}  # a simulation is reproducible (user level)
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
@@ -123,12 +125,8 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
     δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
     from clients.delta import DeltaFit, delta_fit
-    from clients.partition import Split
-    from fedpriv.data import load_dataset
 
-    data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
-    split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
-    size, smallest = min((len(split.indices(p)), p) for p in range(num_clients))
+    size, smallest = min((n, p) for p, n in enumerate(share_sizes(settings, num_clients, partition_key)))
     if size == 0:
         parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
                      "(fewer clients, more data or another --partition)")
@@ -139,6 +137,37 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     if fit is DeltaFit.WEAK:
         print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
               f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
+
+
+def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> list[int]:
+    """Each simulated node's number of training records (the command is their operator)."""
+    from clients.partition import Split
+    from fedpriv.data import load_dataset
+
+    data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
+    split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
+    return [len(split.indices(p)) for p in range(num_clients)]
+
+
+def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict[str, Any]:
+    """``--dry-run``: the planner's plan of this run (``fedpriv.privacy.planner``; N public), printed."""
+    from fedpriv.privacy.planner import Federation, plan, table
+    from fedpriv.training import default_plan
+
+    user = settings.privacy is PrivacyMode.USER
+    noise = settings.noise_multiplier
+    if noise is None and settings.target_epsilon is None:
+        noise = default_plan(settings.dataset).noise_multiplier
+    fed = Federation(
+        population=num_clients, rounds=settings.rounds, delta=settings.delta,
+        cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
+        sizes=tuple(share_sizes(settings, num_clients, partition_key)), lot_size=settings.lot_size,
+        local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
+        dataset=settings.dataset,
+    )
+    result = plan(fed)
+    print(table(result))
+    return result
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
@@ -163,6 +192,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
         **distributed,
+        "allow-central-user": run_config.get("privacy") == "user",  # the command runs the server it trusts
         **data_dir,
     }
 
@@ -263,6 +293,8 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
     check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
+    if args.dry_run:
+        return dry_run(settings, args.clients, settings.seed)
     out = Path(overrides["out"])
     check_out(parser, out, bool(settings.resume))
     with contextlib.ExitStack() as stack:

@@ -42,6 +42,10 @@ Keys (kebab-case, as in ``--node-config``):
   noise share so that the ``min-cohort − max-dropouts − max-colluders`` honest survivors
   it is guaranteed already carry the whole noise, and books that worst case
   (``honest_shares``), whatever cohort the server claims.
+- ``allow-central-user`` (default false): take part in central user-level rounds
+  (``privacy = "user"``): the node sends its clipped model delta *without noise* and trusts
+  the server to add the noise it names; it books ``participant_event(z)`` for the z the
+  server says it adds (``docs/user-level.md``). Off, the node refuses such rounds.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
@@ -115,6 +119,7 @@ class NodePolicy:
     min_cohort: int = 2
     max_dropouts: int = 0
     max_colluders: int = 0
+    allow_central_user: bool = False
     policy_file: Path | None = field(default=None, compare=False)
     """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
 
@@ -233,7 +238,7 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
             return AccountantKind(value)
         if name == "trusted_apps":
             return _digests(value)
-        if name in ("public_num_examples", "allow_evaluate", "allow_distributed"):
+        if name in ("public_num_examples", "allow_evaluate", "allow_distributed", "allow_central_user"):
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
             if not isinstance(value, bool):

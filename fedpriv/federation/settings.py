@@ -37,6 +37,18 @@ class PrivacyMode(StrEnum):
     USER = "user"
 
 
+class ServerRandomness(StrEnum):
+    """Where a central user-level server draws its cohorts and noise (``docs/user-level.md``).
+
+    - ``secure``: the OS CSPRNG (the default).
+    - ``seeded``: from the run's ``seed``, reproducible; whoever knows the run config (it is
+      public) can strip the noise: for simulations and tests only.
+    """
+
+    SECURE = "secure"
+    SEEDED = "seeded"
+
+
 class Partition(StrEnum):
     """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
 
@@ -87,6 +99,12 @@ class RunSettings:
     accept_failures: bool = True
     privacy: PrivacyMode = PrivacyMode.LOCAL
     lattice_rounding: Rounding = Rounding.NEAREST
+    cohort: int | None = None
+    user_clip: float = 1.0
+    clip_quantile: float | None = None
+    clip_lr: float = 0.2
+    clip_count_noise: float | None = None
+    server_randomness: ServerRandomness = ServerRandomness.SECURE
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -115,8 +133,26 @@ class RunSettings:
             raise SettingsError(f"alpha must be > 0, got {self.alpha}")
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
+        self._check_user_level()
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
             raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
+
+    def _check_user_level(self) -> None:
+        """The user-level keys (``docs/user-level.md``) are in range."""
+        if self.cohort is not None and self.cohort < 1:
+            raise SettingsError(f"cohort must be >= 1 (0: every client), got {self.cohort}")
+        for name in ("user_clip", "clip_lr", "clip_count_noise"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
+        if self.clip_quantile is not None and not 0 < self.clip_quantile < 1:
+            raise SettingsError(f"clip-quantile must be in (0, 1) (0: fixed clipping), got {self.clip_quantile}")
+        if self.privacy is PrivacyMode.USER and self.noise_multiplier is None and self.target_epsilon is None:
+            raise SettingsError("privacy = 'user' needs noise-multiplier (z) or target-epsilon")
+        quantile, count_noise, z = self.clip_quantile, self.clip_count_noise, self.noise_multiplier
+        if quantile is not None and count_noise is not None and z is not None and not 2 * count_noise > z:
+            raise SettingsError(f"clip-count-noise {self.clip_count_noise} must exceed half the noise multiplier "
+                                f"{self.noise_multiplier}: the count estimate would spend the whole round")
 
     @property
     def server_budget(self) -> float:
@@ -139,22 +175,23 @@ class RunSettings:
 _UNSET_IF_ZERO = {
     "target_epsilon", "epsilon_budget", "client_epsilon_budget", "lot_size",
     "max_grad_norm", "lr", "limit_train", "limit_test", "max_physical_batch",
+    "cohort", "clip_quantile", "clip_count_noise",
 }
 _INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test",
-         "max_physical_batch"}
+         "max_physical_batch", "cohort"}
+
+
+_ENUMS: dict[str, type[StrEnum]] = {"partition": Partition, "privacy": PrivacyMode,
+                                     "server_randomness": ServerRandomness, "lattice_rounding": Rounding}
 
 
 def _parse(field: str, value: Any) -> Any:
     """One run-config value to its field's type, mapping TOML sentinels to ``None``."""
     try:
-        if field == "partition":
-            return Partition(value)
-        if field == "privacy":
-            return PrivacyMode(value)
+        if field in _ENUMS:
+            return _ENUMS[field](value)
         if field == "lr_schedule":
             return LRSchedule(value) if value else None
-        if field == "lattice_rounding":
-            return Rounding(value)
         if field in ("data_dir", "out", "state_dir"):
             return str(value) or None
         if field == "model":

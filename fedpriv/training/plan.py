@@ -162,6 +162,25 @@ def default_plan(dataset: str, **overrides: Any) -> TrainingPlan:
     return dataclasses.replace(_DEFAULT_PLANS[dataset], **chosen)
 
 
+SIZE_CAP = 4.0
+"""A client's N counts at most this many times the lower median of the clients' sizes, in
+the shared lot's ΣN and as a FedAvg weight (a released N is untrusted: ``server.assign``)."""
+
+
+def size_cap(sizes: Sequence[int]) -> float:
+    """``SIZE_CAP`` × the lower median of ``sizes`` (∞ without any)."""
+    ordered = sorted(sizes)
+    return SIZE_CAP * ordered[(len(ordered) - 1) // 2] if ordered else math.inf
+
+
+def shared_plan(plan: TrainingPlan, sizes: Sequence[int]) -> TrainingPlan:
+    """``plan`` with its lot shared out among clients of ``sizes``: every client samples at
+    q = lot_size / Σ min(N, cap), capped at 1 (the server's default, ``server.assign``)."""
+    cap = size_cap(sizes)
+    total = sum(min(n, cap) for n in sizes)
+    return dataclasses.replace(plan, shared_sample_rate=min(1.0, plan.lot_size / total))
+
+
 def default_epochs(dataset: str, target_epsilon: float | None) -> int:
     """Default number of epochs (= rounds of one local epoch): fewer for smaller ε, where
     the noise that more steps require outweighs the extra optimisation."""

@@ -1,0 +1,39 @@
+"""What a central user-level round adds to the protocol (``docs/user-level.md``).
+
+- TRAIN: the usual "arrays" and "config" (the local-training plan, ``server-round``,
+  ``run-key``) plus ``user-clip`` (S, this round's bound on the delta) and
+  ``user-noise-multiplier`` (z, the round's whole noise multiplier, which the server says it
+  adds: the node books ``participant_event(z)``).
+- TRAIN reply: "arrays" holds the clipped model *delta* (not the model), "privacy" the
+  charge, and the ``MetricRecord`` "user" the bit ``under-clip`` = 1[‖Δ‖ ≤ S] that adaptive
+  clipping counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from fedpriv.federation.protocol import ProtocolError
+
+USER_CLIP = "user-clip"
+USER_NOISE = "user-noise-multiplier"
+USER = "user"
+UNDER_CLIP = "under-clip"
+
+
+def user_round_config(clip: float, noise_multiplier: float) -> dict[str, float]:
+    """The keys a user-level TRAIN adds to the plan's."""
+    return {USER_CLIP: clip, USER_NOISE: noise_multiplier}
+
+
+def read_user_round(config: Mapping[str, Any]) -> tuple[float, float]:
+    """(S, z) of a user-level TRAIN; ``ProtocolError`` unless both are finite and > 0."""
+    values = []
+    for key in (USER_CLIP, USER_NOISE):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ProtocolError(f"a user-level round needs '{key}' finite and > 0, got {value!r}")
+        values.append(float(value))
+    return values[0], values[1]

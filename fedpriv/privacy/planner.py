@@ -1,0 +1,203 @@
+"""The planner: for a federation's shape, each privacy mode's noise, ε per round, the rounds
+a budget affords and the aggregate's noise-to-signal, side by side. It reads no data and
+no ledger (``python -m fedpriv.privacy plan``; ``simulations.mnist --dry-run``).
+
+One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
+
+- ``local``: record-level DP-SGD on each node, as ``server.assign`` plans it (the data set's
+  default plan, the lot shared out at q = lot / Σ min(N, cap) unless ``lot_size`` gives every
+  client its own, σ calibrated by ``calibrate_plan``); a client's trajectory assumes it trains
+  every round and its N is public (a DP count would add its event).
+- ``user``: user-level DP-FedAvg, q = cohort / population, one ``user_round_event(q, z)`` per
+  round for every client, z calibrated by ``calibrate_noise_multiplier(ε, δ, q, R)``
+  (``dpsgd_event(z, q, R)`` is exactly R such rounds).
+- ``distributed``: needs issue 24's accounting; ``plan_distributed`` says so.
+
+Noise-to-signal is the std of the noise in the aggregated update, per coordinate, in units
+of one contribution's bound (C per example for the record-level modes, per DP-SGD step; S
+per client for user level, per round), for a cohort of clients of the mean size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fedpriv.privacy.accountants import AccountantKind, epsilon_of
+from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.events import DpEvent, SelfComposedEvent
+from fedpriv.privacy.userlevel import user_round_event
+
+MAX_ROUNDS = 1_000_000
+"""The most rounds ``rounds_affordable`` looks for."""
+
+
+@dataclass(frozen=True)
+class Federation:
+    """What the planner is told: the federation's shape and the guarantee sought."""
+
+    population: int
+    rounds: int
+    delta: float
+    cohort: int | None = None
+    sizes: tuple[int, ...] = ()
+    lot_size: int | None = None
+    local_epochs: int = 1
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+    dataset: str = "mnist"
+    accountant: AccountantKind = AccountantKind.RDP
+
+    def __post_init__(self) -> None:
+        if self.population < 1 or self.rounds < 1 or self.local_epochs < 1:
+            raise ValueError("population, rounds and local epochs must be >= 1")
+        if not 1 <= self.expected_cohort <= self.population:
+            raise ValueError(f"cohort must be in [1, population = {self.population}], got {self.cohort}")
+        if self.target_epsilon is None and self.noise_multiplier is None:
+            raise ValueError("give a target epsilon (to calibrate the noise) or a noise multiplier, or both")
+        if any(n < 1 for n in self.sizes):
+            raise ValueError("every client holds >= 1 record")
+
+    @property
+    def expected_cohort(self) -> int:
+        """Clients per round (all when unset)."""
+        return self.population if self.cohort is None else self.cohort
+
+
+def trajectory(round_event: DpEvent, rounds: int, delta: float, accountant: AccountantKind) -> list[float]:
+    """ε after each of rounds 1..R of ``round_event`` (RDP: one curve, R conversions)."""
+    return [epsilon_of(SelfComposedEvent(round_event, r), delta, accountant) for r in range(1, rounds + 1)]
+
+
+def rounds_affordable(round_event: DpEvent, target: float, delta: float, accountant: AccountantKind) -> int:
+    """The most rounds of ``round_event`` whose ε stays ≤ ``target`` (up to ``MAX_ROUNDS``)."""
+    def fits(r: int) -> bool:
+        return epsilon_of(SelfComposedEvent(round_event, r), delta, accountant) <= target
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_ROUNDS and fits(hi):
+        lo, hi = hi, 2 * hi
+    if hi > MAX_ROUNDS:
+        return MAX_ROUNDS
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _mode(fed: Federation, mode: str, round_event: DpEvent, noise_multiplier: float, sample_rate: float,
+          noise_to_signal: float, **extra: Any) -> dict[str, Any]:
+    target = fed.target_epsilon
+    return {"mode": mode, "available": True, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
+            **extra, "epsilon": trajectory(round_event, fed.rounds, fed.delta, fed.accountant),
+            "rounds_affordable": None if target is None else rounds_affordable(round_event, target, fed.delta,
+                                                                               fed.accountant),
+            "noise_to_signal": noise_to_signal}
+
+
+def plan_user(fed: Federation) -> dict[str, Any]:
+    """User-level DP-FedAvg: q = cohort / population, z for ``rounds`` rounds (or the given one)."""
+    q = fed.expected_cohort / fed.population
+    z = fed.noise_multiplier
+    if z is None:
+        assert fed.target_epsilon is not None  # Federation checked it
+        z = calibrate_noise_multiplier(fed.target_epsilon, fed.delta, q, fed.rounds, fed.accountant)
+    return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort,
+                 expected_cohort=fed.expected_cohort, unit="S per client, per round")
+
+
+def plan_local(fed: Federation) -> dict[str, Any]:
+    """Record-level DP-SGD on each node, planned as ``server.assign`` plans it; the client
+    of the fewest records (the largest q with a per-client lot) is the one reported."""
+    if not fed.sizes:
+        return {"mode": "local", "available": False, "reason": "needs --records-per-client or --data-sizes"}
+    from fedpriv.training import calibrate_plan, default_plan
+    from fedpriv.training.plan import shared_plan
+
+    plan = default_plan(fed.dataset, lot_size=fed.lot_size, local_epochs=fed.local_epochs,
+                        noise_multiplier=fed.noise_multiplier, lr_decay_rounds=fed.rounds)
+    if fed.lot_size is None:
+        plan = shared_plan(plan, fed.sizes)
+    n = min(fed.sizes)
+    if fed.noise_multiplier is None:
+        assert fed.target_epsilon is not None  # Federation checked it
+        plan = calibrate_plan(plan, fed.target_epsilon, fed.delta, n, rounds=fed.rounds)
+    (round_event,) = plan.round_events(n)
+    q = plan.sample_rate(n)
+    mean = sum(fed.sizes) / len(fed.sizes)
+    lot = plan.sample_rate(round(mean)) * mean  # a mean-sized client's expected lot
+    return _mode(fed, "local", round_event, plan.noise_multiplier, q,
+                 plan.noise_multiplier / (lot * math.sqrt(fed.expected_cohort)),
+                 num_examples=n, steps_per_round=plan.steps_per_round(n), lot_size=plan.lot_size,
+                 unit="C per example, per DP-SGD step")
+
+
+def plan_distributed(fed: Federation) -> dict[str, Any]:
+    """Distributed DP (SecAgg and integer noise shares): not planned until its accounting exists."""
+    return {"mode": "distributed", "available": False, "reason": "needs issue 24's accounting"}
+
+
+PLANNERS: dict[str, Callable[[Federation], dict[str, Any]]] = {
+    "local": plan_local, "distributed": plan_distributed, "user": plan_user,
+}
+
+
+def plan(fed: Federation, modes: Sequence[str] = tuple(PLANNERS)) -> dict[str, Any]:
+    """Each of ``modes`` planned for ``fed``: {"federation": ..., "modes": {mode: plan}}."""
+    return {
+        "federation": {"population": fed.population, "cohort": fed.expected_cohort, "rounds": fed.rounds,
+                       "delta": fed.delta, "target_epsilon": fed.target_epsilon,
+                       "noise_multiplier": fed.noise_multiplier, "lot_size": fed.lot_size,
+                       "local_epochs": fed.local_epochs, "clients_with_sizes": len(fed.sizes),
+                       "accountant": fed.accountant.value},
+        "modes": {mode: PLANNERS[mode](fed) for mode in modes},
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """The plan as text: one column per mode."""
+    modes = list(result["modes"].values())
+    rounds = result["federation"]["rounds"]
+
+    def cell(m: dict[str, Any], key: str) -> str:
+        if not m["available"]:
+            return m["reason"] if key == "noise_multiplier" else "-"
+        value = m[key]
+        return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    rows = [["", *(m["mode"] for m in modes)],
+            ["noise multiplier", *(cell(m, "noise_multiplier") for m in modes)],
+            ["sample rate q", *(cell(m, "sample_rate") for m in modes)],
+            ["rounds affordable", *(cell(m, "rounds_affordable") for m in modes)],
+            ["noise-to-signal", *(cell(m, "noise_to_signal") for m in modes)]]
+    marks = sorted({1, rounds, *range(max(1, rounds // 4), rounds + 1, max(1, rounds // 4))})
+    rows += [[f"epsilon after round {r}",
+              *(f"{m['epsilon'][r - 1]:.4g}" if m["available"] else "-" for m in modes)] for r in marks]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """ε per round of each available mode, to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in result["modes"].values():
+        if m["available"]:
+            ax.plot(range(1, len(m["epsilon"]) + 1), m["epsilon"], label=m["mode"])
+    target = result["federation"]["target_epsilon"]
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", label="target")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"epsilon (delta = {result['federation']['delta']:g})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

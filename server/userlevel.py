@@ -1,0 +1,210 @@
+"""Central user-level DP-FedAvg (McMahan et al. 2018), optionally with adaptive clipping
+(Andrew et al. 2021): whole clients protected, the server trusted to add the noise.
+
+Each round, for the population P (the known clients that can still afford it):
+1. every client of P is booked ``user_round_event(q, z)`` in the server's (population)
+   ledger under ``<run key>/round-<r>/train`` — sampled or not, before anything is sent;
+2. each is sampled with probability q = cohort / (population at the start) — Poisson;
+3. a sampled client trains with the plain local plan, clips its model delta to S and sends
+   it with the bit 1[‖Δ‖ ≤ S] (``clients.userlevel``); its node books ``participant_event(z)``;
+4. the server sums the accepted clipped deltas (float64, in client order), adds
+   N(0, (z_Δ S)²) per coordinate — always, even to an empty sum — and divides by the
+   expected cohort m = q·|P|; the model moves by that mean;
+5. with ``clip-quantile`` γ: b̃ = (Σ(b − ½) + N(0, σ_b²)) / m + ½ and S ← S·exp(−η(b̃ − γ)),
+   z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) so the round stays one Gaussian of multiplier z; σ_b is
+   ``clip-count-noise``, by default max(m/20, z) (Andrew et al.'s m/20, at least z: small
+   cohorts keep z_Δ ≤ 1.16 z).
+
+Randomness (``server-randomness``): ``secure`` draws the cohort and noise from the OS
+CSPRNG; ``seeded`` from one stream per round, ``numpy.random.default_rng(derive_seed(seed,
+"user-level", r))``: P uniforms (in client order) for the cohort, then the noise of each
+array in the model's order, then the count's.
+
+z is ``noise-multiplier`` or, with ``target-epsilon``, calibrated for ``rounds`` rounds at q.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fedpriv.dpsgd.csprng import secure_uniform
+from fedpriv.dpsgd.noise import secure_normal
+from fedpriv.federation import protocol, userlevel
+from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsError
+from fedpriv.privacy import BudgetExceededError, LedgerError, calibrate_noise_multiplier
+from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event, user_round_event
+from fedpriv.seeding import derive_seed
+from server.checks import array_spec
+from server.history import client_order
+from server.strategy import BudgetedFedAvg, BudgetExhausted
+
+
+def training_settings(settings: RunSettings) -> RunSettings:
+    """The settings the clients' local training is planned from: the plain schedule (no
+    per-example clipping or noise; ``noise-multiplier`` and ``target-epsilon`` are z's)."""
+    return dataclasses.replace(settings, noise_multiplier=0.0, max_grad_norm=math.inf, target_epsilon=None)
+
+
+class RoundNoise:
+    """The server's draws for one round: seeded (reproducible from the run's seed) or secure."""
+
+    def __init__(self, randomness: ServerRandomness, seed: int, server_round: int) -> None:
+        self.rng = np.random.default_rng(derive_seed(seed, "user-level", server_round)) \
+            if randomness is ServerRandomness.SEEDED else None
+
+    def uniform(self, size: int) -> np.ndarray:
+        return self.rng.random(size) if self.rng is not None else secure_uniform(size).numpy()
+
+    def normal(self, shape: tuple[int, ...], std: float) -> np.ndarray:
+        size = math.prod(shape)
+        draws = self.rng.standard_normal(size) * std if self.rng is not None else secure_normal(size, std).numpy()
+        return draws.reshape(shape)
+
+
+def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord, clip: float) -> str | None:
+    """Why a user-level TRAIN reply cannot be summed, or ``None`` when it can."""
+    content = reply.content
+    if set(content.keys()) != {protocol.ARRAYS, protocol.PRIVACY, userlevel.USER}:
+        return f"expected exactly the records {protocol.ARRAYS!r}, {protocol.PRIVACY!r} and {userlevel.USER!r}"
+    try:
+        reported = protocol.read_charge(content.config_records[protocol.PRIVACY])
+        delta = content.array_records[protocol.ARRAYS]
+        bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
+    except (KeyError, protocol.ProtocolError) as err:
+        return f"unreadable reply: {err}"
+    if reported != charge:
+        return f"reported {reported} differs from the booked {charge}"
+    if bit not in (0, 1) or isinstance(bit, (bool, list)):
+        return f"{userlevel.UNDER_CLIP} must be 0 or 1, got {bit!r}"
+    if array_spec(delta) != array_spec(global_arrays):
+        return "the delta does not match the global model's names, shapes and dtypes"
+    values = [a.numpy().astype(np.float64) for a in delta.values()]
+    if not all(np.isfinite(v).all() for v in values):
+        return "non-finite values in the delta"
+    norm = math.sqrt(sum(float(np.sum(v * v)) for v in values))
+    if not norm <= clip * (1 + 1e-6):
+        return f"delta norm {norm:.6g} exceeds the clip S = {clip:.6g}"
+    return None
+
+
+class UserLevelFedAvg(BudgetedFedAvg):
+    """Central user-level DP-FedAvg over the clients the population ledger allows."""
+
+    def __init__(self, settings: RunSettings, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if settings.resume:
+            raise SettingsError("resume is not available with privacy = 'user' yet")
+        population = len(self.nodes)
+        self.expected_cohort = settings.cohort or population
+        if self.expected_cohort > population:
+            raise SettingsError(f"cohort {self.expected_cohort} exceeds the {population} clients discovered")
+        self.sample_rate = self.expected_cohort / population
+        if settings.noise_multiplier is not None:
+            self.noise_multiplier = settings.noise_multiplier
+        else:
+            assert settings.target_epsilon is not None  # RunSettings requires one of them in this mode
+            self.noise_multiplier = calibrate_noise_multiplier(
+                settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds)
+        self.quantile = settings.clip_quantile
+        self.clip_lr = settings.clip_lr
+        self.count_noise = (settings.clip_count_noise or max(self.expected_cohort / 20, self.noise_multiplier)) \
+            if self.quantile else None
+        self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
+            delta_noise_multiplier(self.noise_multiplier, self.count_noise)
+        self.clip = settings.user_clip
+        self.randomness = settings.server_randomness
+        self.event = user_round_event(self.sample_rate, self.noise_multiplier)
+        self._population: list[str] = []
+        self._noise = RoundNoise(self.randomness, self.seed, 0)
+        if self.randomness is ServerRandomness.SEEDED:
+            log(WARNING, "server-randomness = 'seeded': the cohorts and noise follow the run's seed; whoever "
+                         "knows the run config can strip the noise (simulations and tests only)")
+
+    def resolved(self) -> dict[str, Any]:
+        """The user-level settings as they resolved (``results.json``'s ``resolved.user_level``)."""
+        return {"user_level": {"sample_rate": self.sample_rate, "expected_cohort": self.expected_cohort,
+                "noise_multiplier": self.noise_multiplier, "delta_noise_multiplier": self.delta_multiplier,
+                "clip_count_noise": self.count_noise, "clip_quantile": self.quantile, "clip_lr": self.clip_lr,
+                "final_clip": self.clip, "server_randomness": self.randomness.value,
+                "node_event": "GaussianEvent(z / 2) per round taken part in"}}
+
+    def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
+        """Book the round for the whole population, then Poisson-sample the cohort."""
+        if evaluate:
+            return super()._sample_and_book(server_round, grid, evaluate)
+        entry = protocol.train_entry(self.run_key, server_round)
+        online = set(grid.get_node_ids())
+        ordered = sorted(self.nodes, key=lambda n: client_order(self.nodes[n].client_id))
+        population = []
+        with self.ledger.transaction() as ledger:
+            for node in ordered:
+                cid = self.nodes[node].client_id
+                try:
+                    ledger.record(cid, entry, (self.event,))
+                except BudgetExceededError:  # out of the population from now on
+                    continue
+                except LedgerError as err:  # booked with other events (another run's settings)
+                    log(WARNING, "Client %s left out of %s: %s", cid, entry, err)
+                    continue
+                population.append(node)
+        if not population:
+            raise BudgetExhausted(f"round {server_round}: no client can afford another round")
+        self._noise = RoundNoise(self.randomness, self.seed, server_round)
+        draws = self._noise.uniform(len(population))
+        self._population = [self.nodes[n].client_id for n in population]
+        sampled = [n for n, u in zip(population, draws, strict=True) if u < self.sample_rate and n in online]
+        log(INFO, "configure_train: %d of %d clients sampled (q = %.4g), all %d booked",
+            len(sampled), len(population), self.sample_rate, len(population))
+        return sampled
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        return userlevel.user_round_config(self.clip, self.noise_multiplier)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Global model + (Σ clipped deltas + N(0, (z_Δ S)²)) / (q·|P|); S's adaptive step."""
+        round_log = self.history.start_round(server_round, [s.assignment.client_id for s in self._sent.values()])
+        charge = Charge(protocol.train_entry(self.run_key, server_round), (participant_event(self.noise_multiplier),))
+        accepted: list[tuple[str, ArrayRecord, float]] = []
+        for sent, reply in self._answers(replies, round_log):
+            cid = sent.assignment.client_id
+            problem = check_user_reply(reply, charge, self._global, self.clip)
+            if problem:
+                round_log.rejected[cid] = problem
+                log(WARNING, "Rejected update of client %s: %s", cid, problem)
+            else:
+                content = reply.content
+                bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
+                assert isinstance(bit, (int, float))  # check_user_reply refused any other
+                accepted.append((cid, content.array_records[protocol.ARRAYS], float(bit)))
+        expected = self.sample_rate * len(self._population)
+        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
+                                   "expected_cohort": expected}
+        if self.close_round(round_log, len(accepted)):
+            return None, None
+        accepted.sort(key=lambda item: client_order(item[0]))  # float sums must not depend on arrival order
+        out = {}
+        for name, array in self._global.items():
+            total = sum((delta[name].numpy().astype(np.float64) for _, delta, _ in accepted),
+                        np.zeros(array.shape, dtype=np.float64))
+            total += self._noise.normal(tuple(array.shape), self.delta_multiplier * self.clip)
+            updated = array.numpy().astype(np.float64) + total / expected
+            out[name] = Array(updated.astype(array.numpy().dtype))
+        if self.quantile is not None:
+            assert self.count_noise is not None
+            centred = sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
+            estimate = centred / expected + 0.5
+            self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
+            round_log.train_metrics["under_clip_estimate"] = estimate
+        return ArrayRecord(out), None
