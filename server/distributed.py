@@ -17,10 +17,8 @@ policy guarantees (``clients.distributed``); that one is the guarantee.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import torch
@@ -29,15 +27,10 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedpriv.distributed.contribution import decode_sum
-from fedpriv.distributed.lattice import Lattice, Rounding, check_headroom, fine_scale
-from fedpriv.dpsgd.config import steps_per_epoch
+from fedpriv.distributed.setup import DistributedSetup, distributed_setup
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
-from fedpriv.models import build_model
-from fedpriv.privacy import distributed_dpsgd_event
-from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.charge import Charge
-from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
@@ -47,90 +40,13 @@ from server.secure_sum import secure_sum
 from server.strategy import BudgetedFedAvg
 
 
-@dataclass(frozen=True)
-class DistributedSetup:
-    """What every round of a distributed run uses: the plan (σ calibrated for the nominal
-    cohort), the shared q, the lattice and the nominal cohort K."""
-
-    plan: TrainingPlan
-    sample_rate: float
-    lattice: Lattice
-    cohort: int
-
-    @property
-    def events(self) -> tuple[DpEvent, ...]:
-        """The nominal event of one round: K shares that together carry σ·C."""
-        return (nominal_event(self.plan.noise_multiplier, self.sample_rate, self.lattice, self.cohort, 1),)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.sample_rate)
-
-    def resolved(self) -> dict[str, object]:
-        """What ``results.json`` adds for a distributed run."""
-        return {
-            "privacy": "distributed", "noise_multiplier": self.plan.noise_multiplier,
-            "shared_sample_rate": self.sample_rate, "nominal_cohort": self.cohort,
-            "lattice_scale": self.lattice.scale, "dimension": self.lattice.dimension,
-            "sensitivity": self.lattice.sensitivity,
-            "sensitivity_inflation": self.lattice.sensitivity / (self.plan.max_grad_norm * self.lattice.scale),
-            "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
-        }
-
-    def config(self) -> dict[str, str | int | float]:
-        """The round's config: the plan, q and the lattice (each node checks them)."""
-        return {**protocol.plan_config(self.plan), protocol.SAMPLE_RATE: self.sample_rate,
-                protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits,
-                protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
-
-
-def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice, shares: int, steps: int) -> DpEvent:
-    """``steps`` rounds whose ``shares`` noise shares sum to std σ·C·scale."""
-    return distributed_dpsgd_event(lattice.noise_stddev(noise_multiplier, shares), shares, lattice.sensitivity,
-                                   lattice.dimension, sample_rate, steps)
-
-
 def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignment]) -> DistributedSetup:
-    """The run's setup for the discovered ``nodes``: q = lot / ΣN (released, capped), a fine
-    lattice for the model, σ calibrated for ``target-epsilon`` over ``rounds`` rounds of the
-    nominal cohort K = len(nodes), unless σ was given."""
+    """The run's setup for the discovered ``nodes`` (``distributed_setup``): their released
+    N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps."""
     if not nodes:
         raise ValueError("no node described itself: nothing to aggregate")
-    total = sum(a.weight for a in nodes.values())
-    q = min(1.0, plan.lot_size / total)
-    dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
-    rounding = Rounding(settings.lattice_rounding)
-    scale = fine_scale(plan.max_grad_norm, dimension, rounding=rounding)
-    cohort = len(nodes)
-    lattice = _with_headroom(Lattice(scale, plan.max_grad_norm, dimension, rounding=rounding), math.ceil(total),
-                             plan.noise_multiplier * plan.max_grad_norm * scale)
-    # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
-    plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(settings.rounds / steps_per_epoch(q)))
-    if settings.target_epsilon is not None:  # the share whose K copies reach the target, as a σ
-        share = calibrate_distributed_noise(settings.target_epsilon, settings.delta, q, settings.rounds, cohort,
-                                            lattice.sensitivity, dimension)
-        plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / (plan.max_grad_norm
-                                                                                      * lattice.scale))
-    return DistributedSetup(plan, q, lattice, cohort)
-
-
-MODULUS_BITS = (32, 40, 48, 56, 62)
-"""Secure aggregation's moduli, smallest first: each word is 4 bytes up to 32 bits, else 8."""
-
-
-def _with_headroom(lattice: Lattice, max_lot: int, total_noise_stddev: float) -> Lattice:
-    """``lattice`` with the smallest modulus in which a sum of ``max_lot`` examples and the
-    noise cannot wrap (``check_headroom``; its ValueError when none is large enough)."""
-    for bits in MODULUS_BITS:
-        candidate = dataclasses.replace(lattice, modulus_bits=bits)
-        try:
-            check_headroom(candidate, max_lot, total_noise_stddev)
-        except ValueError:
-            if bits == MODULUS_BITS[-1]:
-                raise
-            continue
-        return candidate
-    raise AssertionError("unreachable")
+    return distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
+                             settings.target_epsilon, settings.delta, settings.lattice_rounding)
 
 
 class DistributedFedAvg(BudgetedFedAvg):

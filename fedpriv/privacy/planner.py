@@ -11,7 +11,10 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
 - ``user``: user-level DP-FedAvg, q = cohort / population, one ``user_round_event(q, z)`` per
   round for every client, z calibrated by ``calibrate_noise_multiplier(ε, δ, q, R)``
   (``dpsgd_event(z, q, R)`` is exactly R such rounds).
-- ``distributed``: needs issue 24's accounting; ``plan_distributed`` says so.
+- ``distributed``: one DP-SGD step per round on the union (``fedpriv.distributed.setup``, what
+  the server runs: q = lot / ΣN, the lattice, σ for the nominal cohort of ``cohort`` shares
+  under Zhu & Wang's subsampling bound), over as many steps as local mode takes in
+  ``rounds`` rounds, so the two columns compare the same training.
 
 Noise-to-signal is the std of the noise in the aggregated update, per coordinate, in units
 of one contribution's bound (C per example for the record-level modes, per DP-SGD step; S
@@ -20,6 +23,7 @@ per client for user level, per round), for a cohort of clients of the mean size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -137,8 +141,25 @@ def plan_local(fed: Federation) -> dict[str, Any]:
 
 
 def plan_distributed(fed: Federation) -> dict[str, Any]:
-    """Distributed DP (SecAgg and integer noise shares): not planned until its accounting exists."""
-    return {"mode": "distributed", "available": False, "reason": "needs issue 24's accounting"}
+    """Distributed DP (SecAgg and integer noise shares), set up as ``server.distributed`` sets
+    it up, for local mode's number of DP-SGD steps; its rounds are those steps."""
+    if not fed.sizes:
+        return {"mode": "distributed", "available": False, "reason": "needs --records-per-client or --data-sizes"}
+    from fedpriv.distributed.setup import distributed_setup
+    from fedpriv.dpsgd.config import steps_per_epoch
+    from fedpriv.training import default_plan
+
+    plan = default_plan(fed.dataset, lot_size=fed.lot_size, noise_multiplier=fed.noise_multiplier)
+    total = sum(fed.sizes)
+    steps = fed.rounds * fed.local_epochs * steps_per_epoch(min(1.0, plan.lot_size / total))
+    setup = distributed_setup(plan, total, fed.expected_cohort, steps, fed.target_epsilon, fed.delta)
+    (round_event,) = setup.events
+    sigma = setup.plan.noise_multiplier
+    steps_fed = dataclasses.replace(fed, rounds=steps)
+    return _mode(steps_fed, "distributed", round_event, sigma, setup.sample_rate,
+                 sigma / (setup.sample_rate * total), rounds=steps, shares=fed.expected_cohort,
+                 sensitivity_inflation=setup.lattice.sensitivity / setup.lattice.clip,
+                 unit="C per example, per DP-SGD step (one step per round)")
 
 
 PLANNERS: dict[str, Callable[[Federation], dict[str, Any]]] = {

@@ -1,0 +1,108 @@
+"""A distributed run's setup, shared by the server (``server.distributed``) and the planner
+(``fedpriv.privacy.planner``): the shared rate q, the lattice, σ for the nominal cohort, the
+modulus, and what one round books and sends.
+
+The server's ledger books the *nominal* event: a cohort of K shares that together carry σ·C
+(``DistributedSetup.events``). Each node books, in its own ledger, the event its own policy
+guarantees (``clients.distributed``); that one is the guarantee.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from fedpriv.distributed.lattice import Lattice, Rounding, check_headroom, fine_scale
+from fedpriv.dpsgd.config import steps_per_epoch
+from fedpriv.federation import protocol
+from fedpriv.models import build_model
+from fedpriv.privacy import distributed_dpsgd_event
+from fedpriv.privacy.calibration import calibrate_distributed_noise
+from fedpriv.privacy.events import DpEvent
+from fedpriv.training import TrainingPlan
+
+
+@dataclass(frozen=True)
+class DistributedSetup:
+    """What every round of a distributed run uses: the plan (σ calibrated for the nominal
+    cohort), the shared q, the lattice and the nominal cohort K."""
+
+    plan: TrainingPlan
+    sample_rate: float
+    lattice: Lattice
+    cohort: int
+
+    @property
+    def events(self) -> tuple[DpEvent, ...]:
+        """The nominal event of one round: K shares that together carry σ·C."""
+        return (nominal_event(self.plan.noise_multiplier, self.sample_rate, self.lattice, self.cohort, 1),)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.sample_rate)
+
+    def resolved(self) -> dict[str, object]:
+        """What ``results.json`` adds for a distributed run."""
+        return {
+            "privacy": "distributed", "noise_multiplier": self.plan.noise_multiplier,
+            "shared_sample_rate": self.sample_rate, "nominal_cohort": self.cohort,
+            "lattice_scale": self.lattice.scale, "dimension": self.lattice.dimension,
+            "sensitivity": self.lattice.sensitivity,
+            "sensitivity_inflation": self.lattice.sensitivity / (self.plan.max_grad_norm * self.lattice.scale),
+            "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
+        }
+
+    def config(self) -> dict[str, str | int | float]:
+        """The round's config: the plan, q and the lattice (each node checks them)."""
+        return {**protocol.plan_config(self.plan), protocol.SAMPLE_RATE: self.sample_rate,
+                protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits,
+                protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
+
+
+def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice, shares: int, steps: int) -> DpEvent:
+    """``steps`` rounds whose ``shares`` noise shares sum to std σ·C·scale."""
+    return distributed_dpsgd_event(lattice.noise_stddev(noise_multiplier, shares), shares, lattice.sensitivity,
+                                   lattice.dimension, sample_rate, steps)
+
+
+def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, rounds: int,
+                      target_epsilon: float | None, delta: float,
+                      rounding: Rounding = Rounding.NEAREST) -> DistributedSetup:
+    """A distributed run's setup: q = lot / ΣN (the released N's, ``total_examples``), the
+    coarsest lattice within ``fine_scale``'s inflation for the model, σ calibrated so that
+    ``rounds`` steps of the nominal cohort of ``cohort`` shares end at ``target_epsilon``
+    (unless σ is the plan's), and the smallest modulus the sum cannot wrap in."""
+    if cohort < 1 or total_examples < 1:
+        raise ValueError(f"a distributed run needs a cohort >= 1 and records, got {cohort} and {total_examples}")
+    q = min(1.0, plan.lot_size / total_examples)
+    dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
+    rounding = Rounding(rounding)
+    lattice = Lattice(fine_scale(plan.max_grad_norm, dimension, rounding=rounding), plan.max_grad_norm, dimension,
+                      rounding=rounding)
+    # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
+    plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(rounds / steps_per_epoch(q)))
+    if target_epsilon is not None:  # the share whose K copies reach the target, as a σ
+        share = calibrate_distributed_noise(target_epsilon, delta, q, rounds, cohort, lattice.sensitivity, dimension)
+        plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / lattice.clip)
+    lattice = _with_headroom(lattice, math.ceil(total_examples), plan.noise_multiplier * lattice.clip)
+    return DistributedSetup(plan, q, lattice, cohort)
+
+
+MODULUS_BITS = (32, 40, 48, 56, 62)
+"""Secure aggregation's moduli, smallest first: each word is 4 bytes up to 32 bits, else 8."""
+
+
+def _with_headroom(lattice: Lattice, max_lot: int, total_noise_stddev: float) -> Lattice:
+    """``lattice`` with the smallest modulus in which a sum of ``max_lot`` examples and the
+    noise cannot wrap (``check_headroom``; its ValueError when none is large enough)."""
+    for bits in MODULUS_BITS:
+        candidate = dataclasses.replace(lattice, modulus_bits=bits)
+        try:
+            check_headroom(candidate, max_lot, total_noise_stddev)
+        except ValueError:
+            if bits == MODULUS_BITS[-1]:
+                raise
+            continue
+        return candidate
+    raise AssertionError("unreachable")
