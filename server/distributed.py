@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 
 import torch
@@ -30,7 +30,9 @@ from fedpriv.distributed.contribution import decode_sum
 from fedpriv.distributed.setup import DistributedSetup, distributed_setup
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
+from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.events import ComposedEvent, DpEvent
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
@@ -40,13 +42,16 @@ from server.secure_sum import secure_sum
 from server.strategy import BudgetedFedAvg
 
 
-def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignment]) -> DistributedSetup:
+def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignment],
+          releases: Sequence[tuple[DpEvent, ...]] = ()) -> DistributedSetup:
     """The run's setup for the discovered ``nodes`` (``distributed_setup``): their released
-    N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps."""
+    N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps, σ calibrated
+    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N)."""
     if not nodes:
         raise ValueError("no node described itself: nothing to aggregate")
+    prior = max(releases, key=lambda events: epsilon_of(ComposedEvent(events), settings.delta), default=())
     return distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
-                             settings.target_epsilon, settings.delta, settings.lattice_rounding)
+                             settings.target_epsilon, settings.delta, settings.lattice_rounding, prior)
 
 
 class DistributedFedAvg(BudgetedFedAvg):

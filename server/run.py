@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from logging import INFO, WARNING
 from pathlib import Path
@@ -31,6 +31,7 @@ from fedpriv.federation import protocol
 from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
 from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
+from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan, evaluate
 from server import distributed
 from server.assign import Assigner, Assignment
@@ -75,7 +76,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     model = build_model(model_name, settings.seed)
     history, run_key, first, arrays = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
-    strategy = _strategy(settings, ledger, assigner(discovered), history, run_key, assigner.plan, admit)
+    strategy = _strategy(settings, ledger, assigner(discovered), history, run_key, assigner.plan, admit,
+                         [e for info in discovered.values() for e in info.releases.values()])
     evaluate_fn = _central_evaluation(settings, history, model_name, model)
     with Progress(settings.rounds, done=first - 1) as progress:
         if first == 1:
@@ -128,8 +130,8 @@ def _assigned_settings(settings: RunSettings) -> RunSettings:
 
 
 def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assignment], history: History,
-              run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]]
-              ) -> BudgetedFedAvg:
+              run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]],
+              releases: Sequence[tuple[DpEvent, ...]] = ()) -> BudgetedFedAvg:
     """The run's strategy: budget-aware FedAvg of local DP-SGD updates; with ``privacy =
     "user"``, central user-level DP-FedAvg; with ``"distributed"``, one secure sum and one
     server step per round."""
@@ -138,7 +140,7 @@ def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assi
     if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
         return UserLevelFedAvg(settings, ledger, nodes, history, run_key, **options)
     if settings.privacy is PrivacyMode.DISTRIBUTED:
-        return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes),
+        return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes, releases),
                                  build_model(plan.model, settings.seed), **options)
     return BudgetedFedAvg(ledger, nodes, history, run_key, **options)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedpriv.distributed.lattice import Lattice, Rounding, check_headroom, fine_scale
@@ -68,11 +69,12 @@ def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice,
 
 def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, rounds: int,
                       target_epsilon: float | None, delta: float,
-                      rounding: Rounding = Rounding.NEAREST) -> DistributedSetup:
+                      rounding: Rounding = Rounding.NEAREST, prior_events: Sequence[DpEvent] = ()) -> DistributedSetup:
     """A distributed run's setup: q = lot / ΣN (the released N's, ``total_examples``), the
     coarsest lattice within ``fine_scale``'s inflation for the model, σ calibrated so that
     ``rounds`` steps of the nominal cohort of ``cohort`` shares end at ``target_epsilon``
-    (unless σ is the plan's), and the smallest modulus the sum cannot wrap in."""
+    (unless σ is the plan's) beside ``prior_events`` (a node's earlier releases), and the
+    smallest modulus the sum cannot wrap in."""
     if cohort < 1 or total_examples < 1:
         raise ValueError(f"a distributed run needs a cohort >= 1 and records, got {cohort} and {total_examples}")
     q = min(1.0, plan.lot_size / total_examples)
@@ -83,7 +85,8 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
     # the LR schedule runs over epochs of steps_per_epoch(q) rounds, as the centralized run's
     plan = dataclasses.replace(plan, lr_decay_rounds=math.ceil(rounds / steps_per_epoch(q)))
     if target_epsilon is not None:  # the share whose K copies reach the target, as a σ
-        share = calibrate_distributed_noise(target_epsilon, delta, q, rounds, cohort, lattice.sensitivity, dimension)
+        share = calibrate_distributed_noise(target_epsilon, delta, q, rounds, cohort, lattice.sensitivity, dimension,
+                                            prior_events=prior_events)
         plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / lattice.clip)
     lattice = _with_headroom(lattice, math.ceil(total_examples), plan.noise_multiplier * lattice.clip)
     return DistributedSetup(plan, q, lattice, cohort)

@@ -156,3 +156,16 @@ def test_a_round_with_more_dropouts_than_the_nodes_tolerate_is_discarded_not_ste
 def _stage(message):
     record = message.content.config_records.get(RECORD_KEY)
     return None if record is None else record.get("stage")
+
+
+def test_a_target_epsilon_leaves_room_for_the_nodes_released_counts(tmp_path, shared_data_dir):
+    """Nodes that release a DP count of N: σ is calibrated beside that release, so every
+    round of the run fits the target and the last one ends just under it."""
+    run_config = _config(shared_data_dir, rounds=3, **{"noise-multiplier": -1.0, "target-epsilon": 4.0})
+    nodes = _nodes(tmp_path, shared_data_dir, [{"min-cohort": 3, "public-num-examples": False}] * 3)
+    history = run_server(InProcessGrid(run_config, nodes), run_config)
+    assert len(history.rounds) == 3 and history.stopped is None
+    for i in range(3):
+        entries = booked(tmp_path / f"node{i}")[str(i)]
+        assert any(k.startswith("release/num-examples/") for k in entries)
+        assert 3.5 < history.final_epsilon()[str(i)] <= 4.0
