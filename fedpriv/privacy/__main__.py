@@ -36,16 +36,6 @@ def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[s
     return parse
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"steps must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"steps must be >= 0, got {text}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m fedpriv.privacy", description="Privacy accounting for DP-SGD.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -53,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
     common.add_argument("--sample-rate", type=_number("sample rate", lambda q: MIN_SAMPLE_RATE <= q <= 1,
                                                       "in [2^-33, 1] (what the Poisson samplers draw)"), required=True)
-    common.add_argument("--steps", type=_steps, required=True)
+    common.add_argument("--steps", type=_count("steps", minimum=0), required=True)
     common.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
     eps = sub.add_parser("epsilon", parents=[common], help="epsilon of DP-SGD at (sigma, q, steps, delta)")
     eps.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"), required=True)
@@ -68,14 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count(name: str) -> Callable[[str], int]:
+def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, or one line naming ``name``."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {text}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {text}")
         return value
 
     return parse

@@ -183,10 +183,7 @@ def _field(config: Mapping[str, Any], name: str, kind: type) -> Any:
 
 
 def _list(config: Mapping[str, Any], name: str, kind: type) -> list[Any]:
-    value = config.get(name)
-    if not isinstance(value, list) or any(type(item) is not kind for item in value):
-        raise _refuse(f"{name} must be a list of {kind.__name__}")
-    return value
+    return s.typed_list(config, name, kind, _refuse)
 
 
 def _distinct(values: Sequence[Any], name: str) -> set[Any]:

@@ -302,8 +302,5 @@ class SecureAggregation:
         return None
 
 
-def _list(reply: Mapping[str, Any], name: str, kind: type) -> list[Any]:
-    value = reply.get(name)
-    if not isinstance(value, list) or any(type(item) is not kind for item in value):
-        raise Malformed(f"{name} must be a list of {kind.__name__}")
-    return value
+def _list(config: Mapping[str, Any], name: str, kind: type) -> list[Any]:
+    return s.typed_list(config, name, kind, Malformed)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import Any
 
 RECORD_KEY = "fedpriv.secagg"
 """The ConfigRecord of a message that holds the stage's fields (both directions)."""
@@ -37,3 +39,12 @@ MAX_ROUND_KEY = 256
 MAX_CIPHERTEXT_BYTES = 4096
 MAX_SHARE_BYTES = 1024
 MAX_SIGNATURE_BYTES = 512
+
+
+def typed_list(config: Mapping[str, Any], name: str, kind: type, error: Callable[[str], Exception]) -> list[Any]:
+    """``config[name]`` if it is a list of exactly ``kind`` (bool is no int here), else
+    ``error(reason)`` raised: every list in a stage's config or reply is untrusted."""
+    value = config.get(name)
+    if not isinstance(value, list) or any(type(item) is not kind for item in value):
+        raise error(f"{name} must be a list of {kind.__name__}")
+    return value
