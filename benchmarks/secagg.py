@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, answer
+from simulations._cli import Parser, at_least
 
 
 def constant(vector: np.ndarray) -> Callable[[StageInfo], np.ndarray]:
@@ -53,12 +54,17 @@ def run(n: int, dimension: int, bits: int = 32) -> dict[str, object]:
             "plain_vector_bytes": dimension * 4}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--dimension", type=int, default=39_700)
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags."""
+    parser = Parser(prog="python -m benchmarks.secagg", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=at_least(2), nargs="+", default=[10, 100])
+    parser.add_argument("--dimension", type=at_least(1), default=39_700)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     points = [run(n, args.dimension) for n in args.nodes]
     text = json.dumps({"points": points}, indent=1)
     print(text)

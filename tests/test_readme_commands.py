@@ -43,7 +43,10 @@ def test_the_table_has_the_commands() -> None:
 def test_command_parses(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     python, dash_m, module, *argv = shlex.split(command)
     assert (python, dash_m) == ("python", "-m")
-    parser = importlib.import_module(module).build_parser()
+    found = importlib.import_module(module)
+    if not hasattr(found, "build_parser"):  # a package run by its __main__ (python -m fedpriv.privacy)
+        found = importlib.import_module(f"{module}.__main__")
+    parser = found.build_parser()
     try:
         args = parser.parse_args(argv)
         if module in FEDERATED:

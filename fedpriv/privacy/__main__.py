@@ -36,7 +36,7 @@ def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[s
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m fedpriv.privacy", description="Privacy accounting for DP-SGD.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = _Parser(add_help=False)
@@ -161,7 +161,7 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "plan":
         return _plan(parser, args)
