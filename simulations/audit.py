@@ -28,8 +28,8 @@ FIGURE_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 RED, RESET = "\033[31m", "\033[0m"
 MODELS = ("cnn", "mlp", "scatter_linear", "scatter_cnn")
 """The MNIST models (``fedpriv.models``)."""
-MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca", "count",
-              "evaluation")
+MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca",
+              "distributed-noise", "count", "evaluation")
 """``fedpriv.audit.mechanisms.CASES``' names (checked by a test), here so a bad name is one line at once."""
 
 

@@ -36,7 +36,7 @@ from torch import nn
 from fedpriv.audit.clopper_pearson import epsilon_from_counts
 from fedpriv.audit.one_run import DEFAULT_CONFIDENCE
 from fedpriv.privacy import ComposedEvent, GaussianEvent, LaplaceEvent, SelfComposedEvent, epsilon_of
-from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, DpEvent
 
 DELTA = 1e-5
 THRESHOLDS = 200
@@ -233,6 +233,27 @@ def _dppca(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, fac
                      for _ in range(n)])
 
 
+SHARES, LATTICE_SENSITIVITY = 10, 4
+"""The distributed noise's audit: 10 shares on a 1-D integer query of sensitivity 4 lattice units."""
+
+
+def _shares_for(epsilon: float) -> float:
+    """Each share's s: the 10 shares sum to the σ·Δ of a Gaussian costing ε."""
+    return gaussian_noise_for(epsilon) * LATTICE_SENSITIVITY / math.sqrt(SHARES)
+
+
+def _distributed_claim(epsilon: float) -> float:
+    """What a node books for the unsampled release: the distributed discrete Gaussian event."""
+    return epsilon_of(DistributedDiscreteGaussianEvent(_shares_for(epsilon), SHARES, LATTICE_SENSITIVITY, 1), DELTA)
+
+
+def _distributed_noise(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
+    from fedpriv.distributed.noise import discrete_gaussian
+
+    noise = sum(discrete_gaussian(_shares_for(epsilon) * factor, n, rng) for _ in range(SHARES))
+    return neighbour * LATTICE_SENSITIVITY + noise  # the sum the server decodes: 0 vs Δ₂ plus the shares
+
+
 def _node_policy(state_dir: Path, noise: float, rng: np.random.Generator | None) -> Any:
     """A throw-away seeded policy with both release noises at ``noise`` (its seed from ``rng``)."""
     from fedpriv.federation.policy import NodePolicy, Randomness
@@ -320,6 +341,9 @@ CASES: dict[str, Case] = {
     "iris-output": Case("output perturbation of a softmax answer, two vertices of the simplex",
                         _iris_claim, _iris, 0.0, 20_000),
     "dppca": Case("DP-PCA's noisy second moment (2 × 2), {e₂} vs {e₁, e₂}", _gaussian_claim, _dppca, DELTA, 100_000),
+    "distributed-noise": Case("distributed mode's integer noise: 10 discrete Gaussian shares "
+                              "(fedpriv.distributed.noise) on a 1-D integer query, 0 vs Δ₂ = 4",
+                              _distributed_claim, _distributed_noise, DELTA, 100_000),
     "count": Case("a node's DP count of N (clients.releases), N vs N + 1", _count_claim, _count, DELTA, 100_000),
     "evaluation": Case("a node's noisy evaluation (clients.releases), {} vs {a correct record at the loss clip}",
                        _evaluation_claim, _evaluation, DELTA, 100_000),
