@@ -316,6 +316,7 @@ def _distributed_sigma(setup: CanaryAudit, lattice: Lattice, clients: int) -> fl
 
 
 def _user(setup: CanaryAudit, included: torch.Tensor) -> _Run:
+    """Central user-level DP-FedAvg with canary clients (the module docstring's ``user``)."""
     from clients.userlevel import clipped_delta  # the node's and server's code (apps, imported on use)
     from server.userlevel import RoundNoise
 
@@ -345,7 +346,7 @@ def _user(setup: CanaryAudit, included: torch.Tensor) -> _Run:
         for j in np.asarray(canaries, dtype=np.int64)[sampled[clients:]]:
             total["canary.weight"][0, j] += clip
         released = {name: (before[name].double().numpy() + (total[name] + noise.normal(total[name].shape, std))
-                           / cohort).astype(np.float32) for name in before}  # the server's step
+                           / cohort).astype(before[name].numpy().dtype) for name in before}  # the server's step
         model.load_state_dict({name: torch.from_numpy(value) for name, value in released.items()})
         seen.append(model.canary_weights() - before["canary.weight"][0])
     counts = observation(-torch.stack(seen), cohort, clip)  # the model moves by +S/W per canary drawn
