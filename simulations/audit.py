@@ -1,6 +1,6 @@
 """Privacy you can check: ``python -m simulations.audit {dpsgd,mechanism,figure}``.
 
-- ``dpsgd --canaries m --target-epsilon E [--clients K] [--privacy local] --out F.json
+- ``dpsgd --canaries m --target-epsilon E [--clients K] [--privacy local|distributed|user] --out F.json
   [--plot P.png]``: one training run with m canaries, each in by a fair coin the auditor
   keeps, and an ε lower bound at 95 % confidence (``fedpriv.audit.dpsgd``).
   ``--unsafe-noise-multiplier X`` trains with σ = X while the claim keeps the calibrated σ:
@@ -51,7 +51,8 @@ def build_parser() -> Parser:
     d.add_argument("--target-epsilon", type=positive, required=True, help="the claimed ε the noise is calibrated for")
     d.add_argument("--clients", type=at_least(1), help="federated local mode with K clients (default: centralized)")
     d.add_argument("--privacy", choices=["local", "distributed", "user"], default="local",
-                   help="the privacy mode audited (only local exists yet)")
+                   help="the privacy mode audited (default: local); user: K real clients and m canary clients, "
+                        "--sample-rate the clients' q")
     d.add_argument("--canary-type", choices=["gradient", "input"], default="gradient",
                    help="white-box Dirac gradient canaries (default) or input-space ones")
     d.add_argument("--unsafe-noise-multiplier", type=non_negative, metavar="X",
@@ -156,9 +157,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "dpsgd":
-        if args.privacy == "user":
-            parser.error(f"--privacy {args.privacy}: the audit of this mode is not available yet; use local or "
-                         "distributed")
         if args.unsafe_noise_multiplier is not None:
             print(f"{RED}NEGATIVE CONTROL: training with noise multiplier {args.unsafe_noise_multiplier:g}, "
                   f"less than the accountant books: this run is NOT private{RESET}", file=sys.stderr)

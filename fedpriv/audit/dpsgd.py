@@ -19,6 +19,18 @@ copies: its data are read (never written), no node, policy or ledger is involved
   round's decoded noisy sum. σ is calibrated for the distributed event, so the claim is
   the ε a node's ledger books (the sound bound, ``docs/accounting.md``).
 
+- ``user`` (central user-level DP-FedAvg, ``server.userlevel``) with K real clients (1 when
+  ``clients`` is None) and m **canary clients**, canary j in the population iff its coin says
+  so. Round r (``steps`` rounds: an epoch is 1/q rounds): each client of the population is
+  Poisson-sampled at q = ``sample_rate`` with the server's own draws (``RoundNoise``); a sampled
+  real client trains its share with the plain local plan and clips its delta to S =
+  ``max_grad_norm`` (``clients.userlevel.clipped_delta``, what a node sends); canary j's delta
+  is S·e_j on its own canary weight (``CanaryModel``'s, which no real client moves); the
+  server adds N(0, (zS)²) to every coordinate of the sum and divides by the expected cohort
+  W = q·(K + m/2) (the server's q·|P|, with |P| the population's public expected size, so that
+  only the canaries depend on the coins). The adversary sees each round's released model.
+  The claim is ``user_round_event(q, z)`` over the rounds, z calibrated as the server does.
+
 ``unsafe_noise_multiplier`` trains with that σ while the claim (and the scores) keep the
 calibrated one: the negative control, which the audit must flag.
 """
@@ -42,9 +54,10 @@ from fedpriv.data import load_dataset
 from fedpriv.distributed.contribution import decode_sum, distributed_contribution, unflatten
 from fedpriv.distributed.lattice import Lattice, Rounding, fine_scale
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
-from fedpriv.federation.settings import PrivacyMode
+from fedpriv.federation.settings import PrivacyMode, ServerRandomness
 from fedpriv.models import build_model, model_inputs
 from fedpriv.privacy import (
+    SelfComposedEvent,
     calibrate_distributed_noise,
     calibrate_noise_multiplier,
     distributed_dpsgd_event,
@@ -52,12 +65,13 @@ from fedpriv.privacy import (
     epsilon_of,
 )
 from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.userlevel import user_round_event
 from fedpriv.seeding import derive_seed, generator, round_generators
 from fedpriv.training import TrainingPlan, train_round
 
 
 class NotAvailableError(ValueError):
-    """The audit of a privacy mode that fedpriv does not have yet."""
+    """An audit fedpriv does not have: a canary type its mode's adversary cannot score."""
 
 
 @dataclass(frozen=True)
@@ -199,9 +213,7 @@ def _federated(setup: CanaryAudit, included: torch.Tensor) -> _Run:
     features, labels = _real_data(setup)
     booked = setup.noise_multiplier()
     shape = tuple(features.shape[1:])
-    plan = TrainingPlan(model=setup.model, lot_size=1, max_grad_norm=setup.max_grad_norm,
-                        noise_multiplier=setup.trained_noise_multiplier(booked), lr=setup.lr, momentum=0.0,
-                        max_physical_batch_size=setup.max_physical_batch_size, shared_sample_rate=setup.sample_rate)
+    plan = _plan(setup, setup.trained_noise_multiplier(booked))
     owner = torch.arange(setup.canaries) % clients  # canary j is a record of client j mod K
     shares = []
     input_x, input_y = _input_canaries(setup, shape)
@@ -238,6 +250,13 @@ def _federated(setup: CanaryAudit, included: torch.Tensor) -> _Run:
     sigma = noise_estimate(torch.cat(sentinels), steps)
     scores = log_likelihood_ratio(counts, steps, setup.sample_rate, sigma).sum(0)
     return _Run(scores.numpy(), booked, sigma)
+
+
+def _plan(setup: CanaryAudit, noise_multiplier: float) -> TrainingPlan:
+    """A client's local plan: one epoch of lots at rate ``sample_rate``, plain SGD."""
+    return TrainingPlan(model=setup.model, lot_size=1, max_grad_norm=setup.max_grad_norm,
+                        noise_multiplier=noise_multiplier, lr=setup.lr, momentum=0.0,
+                        max_physical_batch_size=setup.max_physical_batch_size, shared_sample_rate=setup.sample_rate)
 
 
 def _local(setup: CanaryAudit, included: torch.Tensor) -> _Run:
@@ -296,16 +315,51 @@ def _distributed_sigma(setup: CanaryAudit, lattice: Lattice, clients: int) -> fl
     return share * math.sqrt(clients) / lattice.clip
 
 
-def _not_available(mode: PrivacyMode) -> Callable[[CanaryAudit, torch.Tensor], _Run]:
-    def refuse(setup: CanaryAudit, included: torch.Tensor) -> _Run:
-        raise NotAvailableError(f"the audit of privacy mode {mode.value!r} is not available yet; use 'local'")
-    return refuse
+def _user(setup: CanaryAudit, included: torch.Tensor) -> _Run:
+    """Central user-level DP-FedAvg with canary clients (the module docstring's ``user``)."""
+    from clients.userlevel import clipped_delta  # the node's and server's code (apps, imported on use)
+    from server.userlevel import RoundNoise
+
+    if setup.canary_type != "gradient":
+        raise NotAvailableError("the user-level audit has canary clients only: a client is the unit protected")
+    clients, clip, q = setup.clients or 1, setup.max_grad_norm, setup.sample_rate
+    features, labels = _real_data(setup)
+    model = _canary_model(setup, tuple(features.shape[1:]))
+    booked = setup.noise_multiplier()  # z for q and the rounds, as ``UserLevelFedAvg`` calibrates it
+    std = setup.trained_noise_multiplier(booked) * clip
+    plan = _plan(setup, 0.0).non_private()
+    cohort = q * (clients + setup.canaries / 2)  # W: public, the same whatever the coins
+    canaries = torch.nonzero(included).squeeze(1).tolist()  # the canary clients of the population
+    seen = []
+    for round_ in range(1, setup.steps + 1):
+        noise = RoundNoise(ServerRandomness.SEEDED, setup.seed, round_)
+        sampled = noise.uniform(clients + len(canaries)) < q  # real clients first, then the canaries
+        before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        total = {name: np.zeros(tensor.shape) for name, tensor in before.items()}
+        for k in np.flatnonzero(sampled[:clients]):
+            local = copy.deepcopy(model)
+            train_round(local.base, features[k::clients], labels[k::clients], plan, seed=setup.seed, client=int(k),
+                        round_=round_, device="cpu")
+            delta, _ = clipped_delta(before, local.state_dict(), clip)
+            for name in total:
+                total[name] += delta[name].numpy().astype(np.float64)
+        for j in np.asarray(canaries, dtype=np.int64)[sampled[clients:]]:
+            total["canary.weight"][0, j] += clip
+        released = {name: (before[name].double().numpy() + (total[name] + noise.normal(total[name].shape, std))
+                           / cohort).astype(before[name].numpy().dtype) for name in before}  # the server's step
+        model.load_state_dict({name: torch.from_numpy(value) for name, value in released.items()})
+        seen.append(model.canary_weights() - before["canary.weight"][0])
+    counts = observation(-torch.stack(seen), cohort, clip)  # the model moves by +S/W per canary drawn
+    sigma = noise_estimate(counts[:, setup.canaries:], 1)
+    scores = log_likelihood_ratio(counts[:, :setup.canaries], 1, q, sigma).sum(0)
+    claimed = epsilon_of(SelfComposedEvent(user_round_event(q, booked), setup.steps), setup.delta)
+    return _Run(scores.numpy(), booked, sigma, claimed=claimed)
 
 
 MODES: dict[PrivacyMode, Callable[[CanaryAudit, torch.Tensor], _Run]] = {
     PrivacyMode.LOCAL: _local,
     PrivacyMode.DISTRIBUTED: _distributed,
-    PrivacyMode.USER: _not_available(PrivacyMode.USER),
+    PrivacyMode.USER: _user,
 }
 """Each privacy mode's training and scoring: a mode plugs in here, given the coins."""
 

@@ -1,6 +1,6 @@
 """The one-run DP-SGD audit: its canaries are exactly what it says (Dirac gradients of norm C
 that touch nothing else), a small audit of each mode stays below its claim, the no-noise
-control is flagged, and modes that do not exist yet are refused in one line."""
+control is flagged, and a privacy mode that does not exist is refused by the parser."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedpriv.audit.canaries import CanaryModel, with_canaries
-from fedpriv.audit.dpsgd import CanaryAudit, NotAvailableError, audit_dpsgd
+from fedpriv.audit.dpsgd import CanaryAudit, audit_dpsgd
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
 from fedpriv.seeding import generator
@@ -71,15 +71,12 @@ def test_a_small_distributed_audit_stays_below_its_claim_and_its_no_noise_contro
     assert broken["epsilon_lower_bound"] > broken["claimed_epsilon"]
 
 
-@pytest.mark.parametrize("mode", ["user"])
-def test_modes_not_yet_written_are_refused(mode):
-    with pytest.raises(NotAvailableError, match="not available yet"):
-        audit_dpsgd(CanaryAudit(canaries=10), mode)
-    done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", mode,
+def test_an_unknown_privacy_mode_is_refused_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", "central",
                            "--target-epsilon", "2", "--out", "unused.json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "not available yet" in done.stderr
+    assert done.stderr.count("\n") == 1 and "invalid choice: 'central'" in done.stderr
 
 
 def test_input_space_canaries_stay_below_the_claim(shared_data_dir):
