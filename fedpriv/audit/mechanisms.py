@@ -250,7 +250,7 @@ def _distributed_claim(epsilon: float) -> float:
 def _distributed_noise(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
     from fedpriv.distributed.noise import discrete_gaussian
 
-    noise = sum(discrete_gaussian(_shares_for(epsilon) * factor, n, rng) for _ in range(SHARES))
+    noise = np.sum([discrete_gaussian(_shares_for(epsilon) * factor, n, rng) for _ in range(SHARES)], axis=0)
     return neighbour * LATTICE_SENSITIVITY + noise  # the sum the server decodes: 0 vs Δ₂ plus the shares
 
 
