@@ -16,9 +16,9 @@ from flwr.clientapp import ClientApp
 from clients import distributed, task, userlevel
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
+from clients.secure_sum import is_secure_sum
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import PrivacyMode, RunSettings
-from fedpriv.secagg.stages import RECORD_KEY
 
 # dp-accounting logs every RDP order it skips; harmless, and it floods the run log. absl
 # also gives the root logger a handler, which would print Flower's lines twice.
@@ -62,7 +62,7 @@ def train(msg: Message, context: Context) -> Message:
 def _train(msg: Message, context: Context) -> RecordDict:
     """The TRAIN handler of the message: a secure-aggregation stage of a distributed round
     (``clients.distributed``), a user-level round (``clients.userlevel``) or local DP-SGD."""
-    if RECORD_KEY in msg.content.config_records:
+    if is_secure_sum(msg):
         return distributed.train(msg, context)
     if RunSettings.from_run_config(context.run_config).privacy is PrivacyMode.USER:
         return userlevel.train(msg, context)
