@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
 from fedpriv.secagg import keys, prg
+from fedpriv.secagg.lagrange import Interpolator
 from fedpriv.secagg import stages as s
 from fedpriv.secagg.stages import Stage
 
@@ -96,6 +96,7 @@ class SecureAggregation:
         self.asked_now: list[int] = []  # the nodes the current stage went to
         self.bytes_sent = {node: 0 for node in self.nodes}
         self.bytes_received = {node: 0 for node in self.nodes}
+        self.interpolator = Interpolator()  # λ shared by the secrets shared at the same indices
 
     @property
     def done(self) -> bool:
@@ -294,8 +295,8 @@ class SecureAggregation:
         shuffled = (tuple(rng.sample(range(len(shares)), t)) for _ in range(MAX_TRIES // 2))
         for subset in itertools.chain(ordered, shuffled):
             try:
-                secret = combine_shares([shares[i] for i in subset])
-            except Exception:  # malformed shares: pycryptodome raises several kinds
+                secret = self.interpolator.combine([shares[i] for i in subset])
+            except ValueError:  # malformed shares
                 continue
             if valid(secret):
                 return secret
