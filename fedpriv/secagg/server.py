@@ -232,8 +232,9 @@ class SecureAggregation:
     def _accept_share_keys(self, node: int, reply: Mapping[str, Any]) -> None:
         destinations, ciphertexts = _list(reply, s.DESTINATIONS, int), _list(reply, s.CIPHERTEXTS, bytes)
         commitment = reply.get(s.COMMITMENT)
-        if sorted(destinations) != [n for n in self.asked_now if n != node and self.linked(node, n)] or len(ciphertexts) != len(destinations):
-            raise Malformed("shares for other nodes than the cohort")
+        group = [n for n in self.asked_now if n != node and self.linked(node, n)]
+        if sorted(destinations) != group or len(ciphertexts) != len(destinations):
+            raise Malformed("shares for other nodes than its group")
         if any(len(c) > s.MAX_CIPHERTEXT_BYTES for c in ciphertexts):
             raise Malformed("a ciphertext is too long")
         if not isinstance(commitment, bytes) or len(commitment) != 32:
