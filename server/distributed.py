@@ -82,13 +82,6 @@ class DistributedFedAvg(BudgetedFedAvg):
         """Training rounds cost the nominal distributed event; evaluation as in local mode."""
         return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
 
-    def threshold(self, cohort: int) -> int:
-        """SecAgg's reconstruction threshold t = ⌊2K/3⌋ + 1, K the nodes each node shares with
-        (itself included: the cohort, or k + 1 on SecAgg+'s sparse graph): a node with c
-        colluders demands 2t > K + c (so no two disjoint sets of t rebuild both of its
-        secrets), which this meets for c < K/3; up to K − t of them may drop out."""
-        return 2 * graph.group_size(cohort, self.distributed.secagg_neighbours) // 3 + 1
-
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Sample and book the cohort, securely sum its contributions, step; the new model
         (the old one when the round is discarded: too few survivors)."""
@@ -99,10 +92,11 @@ class DistributedFedAvg(BudgetedFedAvg):
         entry = protocol.train_entry(self.run_key, server_round)
         config = ConfigRecord({**self.distributed.config(), protocol.SERVER_ROUND: server_round,
                                protocol.RUN_KEY: self.run_key})
+        neighbours = self.distributed.secagg_neighbours
         result = secure_sum(
             grid, cohort, dimension=self.distributed.lattice.dimension,
-            modulus_bits=self.distributed.lattice.modulus_bits, threshold=self.threshold(len(cohort)),
-            neighbours=self.distributed.secagg_neighbours,
+            modulus_bits=self.distributed.lattice.modulus_bits, threshold=graph.threshold(len(cohort), neighbours),
+            neighbours=neighbours,
             collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
             timeout=timeout, round_key=entry,
         )

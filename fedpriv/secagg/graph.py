@@ -12,9 +12,13 @@ import random
 from collections.abc import Sequence
 
 
-def group_size(cohort: int, neighbours: int) -> int:
-    """How many nodes each node shares its secrets with, itself included: its threshold's n."""
-    return cohort if neighbours == 0 else min(cohort, neighbours + 1)
+def threshold(cohort: int, neighbours: int) -> int:
+    """The reconstruction threshold t = ⌊2K/3⌋ + 1, K the nodes each node shares with (itself
+    included: the cohort, or k + 1 on a sparse graph): a node with c colluders demands
+    2t > K + c (so no two disjoint sets of t rebuild both of its secrets), which this meets
+    for c < K/3; up to K − t of them may drop out."""
+    group = cohort if neighbours == 0 else min(cohort, neighbours + 1)
+    return 2 * group // 3 + 1
 
 
 def harary(nodes: Sequence[int], neighbours: int, seed: str) -> dict[int, frozenset[int]] | None:
