@@ -177,8 +177,9 @@ class SecureAggregation:
         return self.graph is None or node == other or other in self.graph[node]
 
     def _unrecoverable(self) -> str | None:
-        """Why a survivor's seed or a dead node's key cannot be rebuilt on a sparse graph:
-        fewer than t of its neighbourhood survived (on the full graph: fewer than t survivors)."""
+        """Why a survivor's seed or a dead node's key cannot be rebuilt on a sparse graph: fewer
+        than t of its group survived (on the full graph, fewer than t survivors end the round
+        before this is asked)."""
         for node in self.shared if self.graph is not None else ():
             holders = sum(self.linked(node, peer) for peer in self.survivors)
             if holders < self.threshold:

@@ -4,6 +4,7 @@ its checks; a node whose policy sets none refuses before it books, the others' r
 
 import pytest
 
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.secagg import graph
 from server.run import run_server
 from tests.flower.inprocess import InProcessGrid, booked
@@ -23,3 +24,9 @@ def test_a_sparse_round_sums_the_consenting_nodes_and_a_node_without_consent_ref
     assert history.resolved["secagg_neighbours"] == 4 and history.model_sha256 != _initial_sha()
     assert not [k for k in booked(tmp_path / "node7").get("7", {}) if k.endswith("/train")]
     assert all([k for k in booked(tmp_path / f"node{i}")[str(i)] if k.endswith("/train")] for i in range(7))
+
+
+@pytest.mark.parametrize("k", [-2, 3])
+def test_secagg_neighbours_is_zero_or_even(k: int) -> None:
+    with pytest.raises(SettingsError, match="secagg-neighbours must be 0"):
+        RunSettings.from_run_config({"secagg-neighbours": k})
