@@ -35,7 +35,7 @@ from typing import Any
 
 from fedpriv.dpsgd.config import steps_per_epoch
 from fedpriv.training import default_epochs, default_plan
-from simulations._cli import Parser, at_least, positive
+from simulations._cli import Parser, at_least, even_or_zero, positive
 
 DATASET = "mnist"
 
@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=["centralized", "local", "distributed"])
     p.add_argument("--distributed-sigma", choices=["same", "target"], default="same",
                    help="distributed mode at the centralized σ (same) or calibrated for --target-epsilon")
+    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
+                   help="distributed mode: SecAgg+ neighbours per node (even; 0: all others)")
     p.add_argument("--data-dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON results")
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     args.distributed_sigma == "same" else target
                 result, seconds = _run([sys.executable, "-m", "simulations.mnist", *common, *noise, *partition,
                                         "--privacy", mode, "--clients", str(clients), "--rounds", str(rounds),
+                                        *(["--secagg-neighbours", str(args.secagg_neighbours)]
+                                          if mode == "distributed" else []),
                                         "--fraction-evaluate", "0", "--out", out])
                 resolved = result["resolved"]
                 sigma = resolved.get("noise_multiplier") or next(iter(resolved["clients"].values()))["noise_multiplier"]

@@ -2,8 +2,8 @@
 
 The node takes part only where its policy allows it (``allow-distributed``). Secure
 aggregation (``clients.secure_sum``) runs the protocol and checks what the server claims
-about the cohort against the node's own ``min-cohort``, ``max-dropouts`` and
-``max-colluders``. When its masked vector is due, ``contribute`` books and computes it:
+about the cohort against the node's own ``min-cohort``, ``max-dropouts``,
+``max-colluders`` and ``min-secagg-neighbours``. When its masked vector is due, ``contribute`` books and computes it:
 
 - the noise share is sized for the node's own worst case, ``policy.honest_shares`` honest
   survivors (never the server's K): each share has std σ·C·scale/√n, so that n of them
@@ -50,7 +50,7 @@ MAX_SCALE = 2.0**24
 def requirements(policy: NodePolicy) -> Requirements:
     """What the node's policy demands of a secure aggregation's cohort."""
     return Requirements(min_cohort=policy.min_cohort, min_survivors=policy.min_survivors,
-                        max_colluders=policy.max_colluders)
+                        max_colluders=policy.max_colluders, min_neighbours=policy.min_secagg_neighbours)
 
 
 def train(msg: Message, context: Context) -> RecordDict:

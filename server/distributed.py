@@ -33,6 +33,7 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent, DpEvent
+from fedpriv.secagg import graph
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
@@ -46,12 +47,15 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
           releases: Sequence[tuple[DpEvent, ...]] = ()) -> DistributedSetup:
     """The run's setup for the discovered ``nodes`` (``distributed_setup``): their released
     N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps, σ calibrated
-    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N)."""
+    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N), SecAgg+ on
+    the run's ``secagg-neighbours``."""
     if not nodes:
         raise ValueError("no node described itself: nothing to aggregate")
     prior = max(releases, key=lambda events: epsilon_of(ComposedEvent(events), settings.delta), default=())
-    return distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
-                             settings.target_epsilon, settings.delta, settings.lattice_rounding, prior)
+    return dataclasses.replace(
+        distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
+                          settings.target_epsilon, settings.delta, settings.lattice_rounding, prior),
+        secagg_neighbours=settings.secagg_neighbours)
 
 
 class DistributedFedAvg(BudgetedFedAvg):
@@ -78,12 +82,6 @@ class DistributedFedAvg(BudgetedFedAvg):
         """Training rounds cost the nominal distributed event; evaluation as in local mode."""
         return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
 
-    def threshold(self, cohort: int) -> int:
-        """SecAgg's reconstruction threshold t = ⌊2K/3⌋ + 1: a node with c colluders demands
-        2t > K + c (so no two disjoint sets of t rebuild both of its secrets), which this
-        meets for c < K/3; up to K − t nodes may drop out."""
-        return 2 * cohort // 3 + 1
-
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Sample and book the cohort, securely sum its contributions, step; the new model
         (the old one when the round is discarded: too few survivors)."""
@@ -94,9 +92,11 @@ class DistributedFedAvg(BudgetedFedAvg):
         entry = protocol.train_entry(self.run_key, server_round)
         config = ConfigRecord({**self.distributed.config(), protocol.SERVER_ROUND: server_round,
                                protocol.RUN_KEY: self.run_key})
+        neighbours = self.distributed.secagg_neighbours
         result = secure_sum(
             grid, cohort, dimension=self.distributed.lattice.dimension,
-            modulus_bits=self.distributed.lattice.modulus_bits, threshold=self.threshold(len(cohort)),
+            modulus_bits=self.distributed.lattice.modulus_bits, threshold=graph.threshold(len(cohort), neighbours),
+            neighbours=neighbours,
             collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
             timeout=timeout, round_key=entry,
         )

@@ -22,12 +22,13 @@ from server.exchange import send_and_receive
 
 def secure_sum(grid: Grid, nodes: Sequence[int], *, dimension: int, modulus_bits: int, threshold: int,
                collect_content: Callable[[int], RecordDict], timeout: float | None,
-               round_key: str) -> SecureSumResult:
+               round_key: str, neighbours: int = 0) -> SecureSumResult:
     """The modular sum of the vectors of the ``nodes`` that survive the five stages (or None,
-    with the reason, when the round must be discarded); ``extras`` holds each survivor's
-    reply content beside its masked vector."""
+    with the reason, when the round must be discarded), on SecAgg+'s graph of ``neighbours``
+    per node (0: the full graph); ``extras`` holds each survivor's reply content beside its
+    masked vector."""
     aggregation = SecureAggregation(nodes, dimension=dimension, modulus_bits=modulus_bits, threshold=threshold,
-                                    round_key=round_key)
+                                    round_key=round_key, neighbours=neighbours)
     extras: dict[int, RecordDict] = {}
     while not aggregation.done:
         stage = aggregation.current()

@@ -61,6 +61,14 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def even_or_zero(text: str) -> int:
+    """An even integer >= 0 (SecAgg+'s neighbours per node, 0: all)."""
+    value = at_least(0)(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"must be even, got {text}")
+    return value
+
+
 def positive(text: str) -> float:
     """A finite number > 0."""
     value = _number(float, text)
@@ -235,6 +243,10 @@ def federated_parser(dataset: str) -> Parser:
     p.add_argument("--lattice-rounding", choices=["nearest", "conditional"],
                    help="distributed mode: each clipped example to the nearest lattice point, or by Kairouz et al.'s "
                         f"conditional randomized rounding (default: {d['lattice-rounding']})")
+    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K",
+                   help="distributed mode: SecAgg+ on a random graph where each node masks with and shares its "
+                        "secrets among only K others (even; every simulated node's policy accepts K), 0 for "
+                        f"all others (default: {d['secagg-neighbours']})")
     user = p.add_argument_group("user level (--privacy user)")
     user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
     user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "

@@ -59,7 +59,7 @@ _KEYS = (
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
-    "lattice-rounding",
+    "lattice-rounding", "secagg-neighbours",
     "cohort", "user-clip", "clip-quantile", "clip-lr", "clip-count-noise",
 )
 LOG_FILE = "run.log"
@@ -177,10 +177,14 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
     nodes read their data from the command's ``--data-dir`` (the run config's ``data-dir``,
     made absolute: Ray workers' cwd differs), else from their default cache folder, as the
     server does. In a distributed run every node aggregates only with all ``clients``
-    nodes (min-cohort), tolerating no dropout or collusion: its share is 1/K of the noise."""
+    nodes (min-cohort), tolerating no dropout or collusion: its share is 1/K of the noise; with
+    ``secagg-neighbours`` k, it accepts SecAgg+'s sparse graph of k neighbours (no fewer)."""
     data_dir = {"data-dir": str(Path(run_config["data-dir"]).resolve())} if run_config.get("data-dir") else {}
+    neighbours = int(run_config.get("secagg-neighbours", 0))
     distributed = {"allow-distributed": True, "min-cohort": clients} if run_config.get("privacy") == "distributed" \
         else {}
+    if distributed and neighbours:
+        distributed["min-secagg-neighbours"] = neighbours
     return {
         "epsilon-budget": epsilon_budget or math.inf,
         "delta": float(run_config["delta"]),

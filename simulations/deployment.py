@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import PROJECT_ROOT, Parser, at_least, delta, positive
+from simulations._cli import PROJECT_ROOT, Parser, at_least, delta, even_or_zero, positive
 
 if TYPE_CHECKING:
     from simulations._processes import Started
@@ -90,6 +90,9 @@ def build_parser() -> Parser:
     p.add_argument("--privacy", choices=["local", "distributed"], default="local",
                    help="local: each node noises its update; distributed: integer noise shares under secure "
                         "aggregation, every node's policy allowing it with min-cohort = --nodes (default: local)")
+    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
+                   help="distributed mode: SecAgg+ with K neighbours per node (even), every node's policy "
+                        "accepting K (min-secagg-neighbours); 0: all others (default: 0)")
     p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
@@ -102,7 +105,7 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
         "dataset": "mnist", "rounds": args.rounds, "min-clients": args.min_clients or args.nodes,
         "target-epsilon": args.target_epsilon, "delta": args.delta, "seed": args.seed,
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
-        "round-timeout": args.round_timeout, "privacy": args.privacy,
+        "round-timeout": args.round_timeout, "privacy": args.privacy, "secagg-neighbours": args.secagg_neighbours,
     }
     if args.limit_train:
         config["limit-train"] = args.limit_train
@@ -134,14 +137,18 @@ def freeze_app(folder: Path) -> str:
 
 
 def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str,
-                data_dir: Path | None = None, min_cohort: int | None = None) -> dict[str, Any]:
+                data_dir: Path | None = None, min_cohort: int | None = None,
+                min_neighbours: int = 0) -> dict[str, Any]:
     """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app,
     the folder of its own data (``None``: its default cache folder), and, with
-    ``min_cohort``, distributed rounds with at least that many nodes."""
+    ``min_cohort``, distributed rounds with at least that many nodes (on SecAgg+'s sparse
+    graph with at least ``min_neighbours`` neighbours, where not 0)."""
     policy: dict[str, Any] = {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
                               "randomness": "secure", "trusted-apps": [app]}
     if min_cohort is not None:
         policy |= {"allow-distributed": True, "min-cohort": min_cohort}
+    if min_cohort is not None and min_neighbours:
+        policy["min-secagg-neighbours"] = min_neighbours
     if data_dir is not None:
         policy["data-dir"] = str(Path(data_dir).resolve())
     return policy
@@ -162,7 +169,7 @@ class Deployment:
         self.supernodes: dict[int, Any] = {}
 
     def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None,
-                min_cohort: int | None = None) -> None:
+                min_cohort: int | None = None, min_neighbours: int = 0) -> None:
         """Certificates and keys (kept across restarts), each node's policy (its data in
         ``data_dir``), its ledger where never initialised, and pin shim."""
         from clients.pinned import write_shim
@@ -179,7 +186,7 @@ class Deployment:
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
-            policy = node_policy(node, epsilon_budget, delta_, app, data_dir, min_cohort)
+            policy = node_policy(node, epsilon_budget, delta_, app, data_dir, min_cohort, min_neighbours)
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
             init_nodes(node.policy, [i])  # `python -m fedpriv.node init`, once: a lost ledger stays lost
 
@@ -407,7 +414,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         app = freeze_app(out / "app")
         deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app,
                            Path(args.data_dir) if args.data_dir else None,
-                           args.nodes if args.privacy == "distributed" else None)
+                           args.nodes if args.privacy == "distributed" else None, args.secagg_neighbours)
         try:
             deployment.start_superlink()
             for i in range(args.nodes):

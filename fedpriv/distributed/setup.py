@@ -27,12 +27,14 @@ from fedpriv.training import TrainingPlan
 @dataclass(frozen=True)
 class DistributedSetup:
     """What every round of a distributed run uses: the plan (σ calibrated for the nominal
-    cohort), the shared q, the lattice and the nominal cohort K."""
+    cohort), the shared q, the lattice, the nominal cohort K and SecAgg+'s neighbours per
+    node (0: the full graph)."""
 
     plan: TrainingPlan
     sample_rate: float
     lattice: Lattice
     cohort: int
+    secagg_neighbours: int = 0
 
     @property
     def events(self) -> tuple[DpEvent, ...]:
@@ -52,6 +54,7 @@ class DistributedSetup:
             "sensitivity": self.lattice.sensitivity,
             "sensitivity_inflation": self.lattice.sensitivity / (self.plan.max_grad_norm * self.lattice.scale),
             "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
+            "secagg_neighbours": self.secagg_neighbours,
         }
 
     def config(self) -> dict[str, str | int | float]:

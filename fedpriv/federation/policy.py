@@ -42,6 +42,11 @@ Keys (kebab-case, as in ``--node-config``):
   noise share so that the ``min-cohort − max-dropouts − max-colluders`` honest survivors
   it is guaranteed already carry the whole noise, and books that worst case
   (``honest_shares``), whatever cohort the server claims.
+- ``min-secagg-neighbours`` (default: none): the node accepts SecAgg+ on a sparse graph
+  (run config ``secagg-neighbours``: it masks against and shares its secrets with only that
+  many neighbours) with at least this many neighbours. None demands the full graph: every
+  other cohort member a neighbour. Sparse graphs trust the server to draw the graph at
+  random (``docs/threat-model.md``).
 - ``allow-central-user`` (default false): take part in central user-level rounds
   (``privacy = "user"``): the node sends its clipped model delta *without noise* and trusts
   the server to add the noise it names; it books ``participant_event(z)`` for the z the
@@ -119,6 +124,7 @@ class NodePolicy:
     min_cohort: int = 2
     max_dropouts: int = 0
     max_colluders: int = 0
+    min_secagg_neighbours: int | None = None
     allow_central_user: bool = False
     policy_file: Path | None = field(default=None, compare=False)
     """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
@@ -134,6 +140,8 @@ class NodePolicy:
                 raise PolicyError(f"{name.replace('_', '-')} must be finite and > 0, got {value!r}")
         if self.min_cohort < 1 or self.max_dropouts < 0 or self.max_colluders < 0:
             raise PolicyError("min-cohort must be >= 1 and max-dropouts, max-colluders >= 0")
+        if self.min_secagg_neighbours is not None and self.min_secagg_neighbours < 1:
+            raise PolicyError(f"min-secagg-neighbours must be >= 1, got {self.min_secagg_neighbours}")
         if self.honest_shares < 1:
             raise PolicyError(f"min-cohort ({self.min_cohort}) must exceed max-dropouts + max-colluders "
                               f"({self.max_dropouts} + {self.max_colluders}): no honest survivor would be left")
@@ -244,7 +252,7 @@ def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
             if not isinstance(value, bool):
                 raise TypeError
             return value
-        if name in ("seed", "partition_key", "min_cohort", "max_dropouts", "max_colluders"):
+        if name in ("seed", "partition_key", "min_cohort", "max_dropouts", "max_colluders", "min_secagg_neighbours"):
             if isinstance(value, bool) or int(value) != float(value):
                 raise TypeError
             return int(value)

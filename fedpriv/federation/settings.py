@@ -99,6 +99,7 @@ class RunSettings:
     accept_failures: bool = True
     privacy: PrivacyMode = PrivacyMode.LOCAL
     lattice_rounding: Rounding = Rounding.NEAREST
+    secagg_neighbours: int = 0
     cohort: int | None = None
     user_clip: float = 1.0
     clip_quantile: float | None = None
@@ -134,8 +135,14 @@ class RunSettings:
         if self.resume and not self.state_dir:
             raise SettingsError("resume needs state-dir: the folder of the run to continue")
         self._check_user_level()
+        self._check_distributed()
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
             raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
+
+    def _check_distributed(self) -> None:
+        """SecAgg+'s neighbours per node are 0 (the full graph) or even (a Harary graph)."""
+        if self.secagg_neighbours < 0 or self.secagg_neighbours % 2:
+            raise SettingsError(f"secagg-neighbours must be 0 (the full graph) or even, got {self.secagg_neighbours}")
 
     def _check_user_level(self) -> None:
         """The user-level keys (``docs/user-level.md``) are in range."""
@@ -178,7 +185,7 @@ _UNSET_IF_ZERO = {
     "cohort", "clip_quantile", "clip_count_noise",
 }
 _INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test",
-         "max_physical_batch", "cohort"}
+         "max_physical_batch", "cohort", "secagg_neighbours"}
 
 
 _ENUMS: dict[str, type[StrEnum]] = {"partition": Partition, "privacy": PrivacyMode,

@@ -35,6 +35,7 @@ class Interpolator:
         if not shares or any(len(share) != len(shares[0]) or (len(share) - INDEX_BYTES) % CHUNK_BYTES
                              for share in shares):
             raise ValueError("shares of different or wrong sizes")
+        shares = sorted(shares, key=lambda share: share[:INDEX_BYTES][::-1])  # one cache entry per index set
         indices = tuple(int.from_bytes(share[:INDEX_BYTES], "little") for share in shares)
         coefficients = self._lagrange(indices)
         chunks = (len(shares[0]) - INDEX_BYTES) // CHUNK_BYTES

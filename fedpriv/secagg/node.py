@@ -1,4 +1,6 @@
-"""A node's side of a secure sum: SecAgg+ with every cohort member a neighbour (k = n).
+"""A node's side of a secure sum: SecAgg+ on the full graph or, where its policy opts in, on
+the server's sparse graph (``graph``): its *group* is the nodes it shares with and masks
+against, itself included: the whole cohort, or itself and its neighbours.
 
 The node answers the five stages (``stages.Stage``) of an untrusted server, each at most once
 per setup and in order; its state lives in a Flower ``ConfigRecord`` between messages
@@ -6,25 +8,30 @@ per setup and in order; its state lives in a Flower ``ConfigRecord`` between mes
 claims, the node itself checks what its privacy rests on (``Requirements``, from its policy)
 and refuses (``SecAggRefusal``) before it sends anything that would weaken it:
 
-- the cohort is the distinct keys it receives (its own among them, unchanged), at least
-  ``min_cohort``; all keys distinct;
-- the threshold t exceeds ``max_colluders`` and is at most the cohort, and 2t > n + c: two
-  disjoint groups of honest nodes can then never each hand t shares of one node (one of b,
-  one of sk1) to a server that tells them different lists;
-- at least ``min_survivors`` - 1 others sent it shares before it masks its vector;
-- it signs one list of survivors per round (itself among them, all of them nodes it masked
-  with, at least max(min_survivors, t)), and unmasks only for that list, with t signatures of
-  cohort members on it: with 2t > n + c no two lists get t signatures, so every honest node
-  that unmasks was told the same survivors, none of whose sk1 is ever revealed, and each
-  of whom masked with all the others: the server learns their sum, no smaller one;
+- its group is the distinct keys it receives (its own among them, unchanged), all keys
+  distinct; the cohort is the group, or on a sparse graph the ids sent beside it, of which
+  the group is a part; the cohort has at least ``min_cohort`` nodes;
+- a group smaller than the cohort (a sparse graph) only if its policy sets
+  ``min_neighbours``, and with at least that many neighbours;
+- the threshold t exceeds ``max_colluders`` and is at most the group of n, and 2t > n + c:
+  two disjoint groups of honest nodes can then never each hand t shares of one node (one of
+  b, one of sk1) to a server that tells them different lists;
+- at least min(``min_survivors``, n) - 1 others sent it shares before it masks its vector;
+- it signs one list of survivors per round (cohort members, itself among them, at least
+  ``min_survivors``, at least t of its group, all of those nodes it masked with), and
+  unmasks only for that list, with t signatures of its group on it: on the full graph, with
+  2t > n + c no two lists get t signatures, so every honest node that unmasks was told the
+  same survivors, none of whose sk1 is ever revealed, and each of whom masked with all the
+  others: the server learns their sum, no smaller one (on a sparse graph this holds within
+  each group only: ``docs/threat-model.md``);
 - one unmask request per setup, answered only with disjoint active and dead lists of ids it
-  holds shares of.
+  holds shares of (of the active list, those of its group).
 
 A refused or out-of-order stage aborts the round: the node's secrets and the shares it holds
 are erased, so no later request of that round gets anything.
 
 The masked vector is (x + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits with b = os.urandom(32) fresh
-each round and s_uv from ECDH on the first key pair; shares of b and of sk1 go to every cohort
+each round and s_uv from ECDH on the first key pair; shares of b and of sk1 go to every group
 member, encrypted under ECDH on the second key pair (Fernet). PRG is ChaCha20 (``prg``).
 """
 
@@ -68,15 +75,18 @@ class SecAggRefusal(ValueError):
 @dataclass(frozen=True)
 class Requirements:
     """What the node's policy demands of a secure sum (``NodePolicy.min_cohort``,
-    ``min_survivors``, ``max_colluders``)."""
+    ``min_survivors``, ``max_colluders``, ``min_secagg_neighbours``: None demands the full graph)."""
 
     min_cohort: int
     min_survivors: int
     max_colluders: int
+    min_neighbours: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_survivors <= self.min_cohort or self.max_colluders < 0:
             raise ValueError("requirements need 1 <= min_survivors <= min_cohort and max_colluders >= 0")
+        if self.min_neighbours is not None and self.min_neighbours < 1:
+            raise ValueError("requirements need min_neighbours >= 1 (or None: the full graph)")
 
 
 @dataclass(frozen=True)
@@ -111,9 +121,10 @@ class NodeState:
     pk3: bytes = b""
     seed: bytes = b""
     cohort: list[int] = field(default_factory=list)
-    cohort_pk1: list[bytes] = field(default_factory=list)
-    cohort_pk2: list[bytes] = field(default_factory=list)
-    cohort_pk3: list[bytes] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)  # whom it shares with, itself included
+    group_pk1: list[bytes] = field(default_factory=list)
+    group_pk2: list[bytes] = field(default_factory=list)
+    group_pk3: list[bytes] = field(default_factory=list)
     signed: list[int] = field(default_factory=list)  # the survivors it signed
     holders: list[int] = field(default_factory=list)  # whose shares it holds (itself first)
     seed_shares: list[bytes] = field(default_factory=list)
@@ -211,7 +222,8 @@ def _setup(state: NodeState, node_id: int, config: Mapping[str, Any]) -> dict[st
     state.sk1, state.pk1 = private_key_to_bytes(sk1), public_key_to_bytes(pk1)
     state.sk2, state.pk2 = private_key_to_bytes(sk2), public_key_to_bytes(pk2)
     state.sk3, state.pk3 = private_key_to_bytes(sk3), public_key_to_bytes(pk3)
-    state.cohort, state.cohort_pk1, state.cohort_pk2, state.cohort_pk3, state.signed = [], [], [], [], []
+    state.cohort, state.group, state.signed = [], [], []
+    state.group_pk1, state.group_pk2, state.group_pk3 = [], [], []
     return {s.PK1: state.pk1, s.PK2: state.pk2, s.PK3: state.pk3}
 
 
@@ -220,31 +232,40 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
     pk3s = _list(config, s.PK3, bytes)
     if not len(ids) == len(pk1s) == len(pk2s) == len(pk3s):
         raise _refuse("ids and keys differ in length")
-    _distinct(ids, "the cohort")
+    group = _distinct(ids, "the cohort")
     _distinct(pk1s + pk2s + pk3s, "the cohort's public keys")
+    cohort = _list(config, s.COHORT, int) if s.COHORT in config else ids
     n, t = len(ids), state.threshold
     if state.node_id not in ids:
         raise _refuse("this node is not in the cohort")
     own = ids.index(state.node_id)
     if (pk1s[own], pk2s[own], pk3s[own]) != (state.pk1, state.pk2, state.pk3):
         raise _refuse("this node's own public keys were altered")
-    if n < req.min_cohort:
-        raise _refuse(f"a cohort of {n} is below this node's minimum of {req.min_cohort}")
+    if not group <= _distinct(cohort, "the cohort"):
+        raise _refuse("a neighbour is not in the cohort")
+    if len(cohort) < req.min_cohort:
+        raise _refuse(f"a cohort of {len(cohort)} is below this node's minimum of {req.min_cohort}")
+    if n < len(cohort) and req.min_neighbours is None:
+        raise _refuse(f"{n - 1} of the cohort's {len(cohort) - 1} others as neighbours: this node's policy "
+                      "demands the full graph (no min-secagg-neighbours)")
+    if n < len(cohort) and n - 1 < (req.min_neighbours or 0):
+        raise _refuse(f"{n - 1} neighbours are below this node's minimum of {req.min_neighbours}")
+    group_name = "cohort" if n == len(cohort) else "group"
     if not req.max_colluders < t <= n:
         raise _refuse(f"threshold {t} must exceed the {req.max_colluders} tolerated colluders and be at most "
-                      f"the cohort of {n}")
+                      f"the {group_name} of {n}")
     if 2 * t <= n + req.max_colluders:
-        raise _refuse(f"threshold {t} must exceed (cohort {n} + colluders {req.max_colluders}) / 2")
+        raise _refuse(f"threshold {t} must exceed ({group_name} {n} + colluders {req.max_colluders}) / 2")
     try:
         peers = {nid: (keys.public_key(a), keys.public_key(b), keys.public_key(c))
                  for nid, a, b, c in zip(ids, pk1s, pk2s, pk3s, strict=True)}
     except ValueError:
         raise _refuse("a cohort key is not a PEM P-384 key") from None
     order = sorted(ids)
-    state.cohort = order
-    state.cohort_pk1 = [pk1s[ids.index(nid)] for nid in order]
-    state.cohort_pk2 = [pk2s[ids.index(nid)] for nid in order]
-    state.cohort_pk3 = [pk3s[ids.index(nid)] for nid in order]
+    state.cohort, state.group = sorted(cohort), order
+    state.group_pk1 = [pk1s[ids.index(nid)] for nid in order]
+    state.group_pk2 = [pk2s[ids.index(nid)] for nid in order]
+    state.group_pk3 = [pk3s[ids.index(nid)] for nid in order]
     state.seed = os.urandom(32)
     seed_shares = create_shares(state.seed, t, n)
     sk1_shares = create_shares(keys.scalar(state.sk1), t, n)
@@ -266,14 +287,14 @@ def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], con
     if len(sources) != len(ciphertexts):
         raise _refuse("sources and ciphertexts differ in length")
     others = _distinct(sources, "the sources")
-    if not others <= set(state.cohort) - {state.node_id}:
-        raise _refuse("shares from a node outside the cohort (or from itself)")
-    if len(sources) + 1 < max(req.min_survivors, state.threshold):
-        raise _refuse(f"only {len(sources)} other nodes sent shares; this node needs "
-                      f"{max(req.min_survivors, state.threshold) - 1}")
+    if not others <= set(state.group) - {state.node_id}:
+        raise _refuse("shares from a node outside its group (or from itself)")
+    needed = max(min(req.min_survivors, len(state.group)), state.threshold)
+    if len(sources) + 1 < needed:
+        raise _refuse(f"only {len(sources)} other nodes sent shares; this node needs {needed - 1}")
     sk2 = bytes_to_private_key(state.sk2)
     for src, ciphertext in zip(sources, ciphertexts, strict=True):
-        peer_pk2 = keys.public_key(state.cohort_pk2[state.cohort.index(src)])
+        peer_pk2 = keys.public_key(state.group_pk2[state.group.index(src)])
         try:
             plaintext = decrypt(generate_shared_key(sk2, peer_pk2), ciphertext)
         except InvalidToken:
@@ -298,7 +319,7 @@ def masked(state: NodeState, vector: np.ndarray, neighbours: Sequence[int]) -> n
     total = prg.reduce(vector, bits) + prg.mask(state.seed, "private", round_key, d, bits)
     sk1 = bytes_to_private_key(state.sk1)
     for nid in neighbours:
-        key = keys.mask_key(sk1, keys.public_key(state.cohort_pk1[state.cohort.index(nid)]))
+        key = keys.mask_key(sk1, keys.public_key(state.group_pk1[state.group.index(nid)]))
         pairwise = prg.mask(key, "pairwise", round_key, d, bits)
         total = total + pairwise if state.node_id > nid else total - pairwise
     return prg.reduce(total, bits)
@@ -311,11 +332,13 @@ def _survivors(state: NodeState, req: Requirements, active: list[int]) -> set[in
         raise _refuse("a listed node is outside the cohort")
     if state.node_id not in survivors:
         raise _refuse("this node, which sent its vector, is not listed active")
-    if not survivors <= set(state.holders):
+    if not survivors & set(state.group) <= set(state.holders):
         raise _refuse("a listed node sent this node no shares")
-    needed = max(req.min_survivors, state.threshold)
-    if len(survivors) < needed:
-        raise _refuse(f"{len(survivors)} active nodes; this node needs at least {needed}")
+    if len(survivors) < req.min_survivors:
+        raise _refuse(f"{len(survivors)} active nodes; this node needs at least {req.min_survivors}")
+    if len(survivors & set(state.group)) < state.threshold:
+        raise _refuse(f"{len(survivors & set(state.group))} active nodes of its group; this node needs at least "
+                      f"its threshold of {state.threshold}")
     return survivors
 
 
@@ -341,10 +364,11 @@ def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> d
         raise _refuse(f"the survivors carry fewer than the threshold of {state.threshold} signatures")
     message = keys.survivors_message(state.round_key, state.signed)
     for signer, signature in zip(signers, signatures, strict=True):
-        if signer not in state.cohort or not keys.signed(state.cohort_pk3[state.cohort.index(signer)], message,
-                                                        signature):
+        if signer not in state.group or not keys.signed(state.group_pk3[state.group.index(signer)], message,
+                                                       signature):
             raise _refuse(f"the signature of node {signer} on the survivors does not verify")
     index = {nid: i for i, nid in enumerate(state.holders)}
-    shares = [state.seed_shares[index[nid]] for nid in active] + [state.sk1_shares[index[nid]] for nid in dead]
+    alive = [nid for nid in active if nid in index]
+    shares = [state.seed_shares[index[nid]] for nid in alive] + [state.sk1_shares[index[nid]] for nid in dead]
     state.erase()
-    return {s.IDS: active + dead, s.SHARES: shares}
+    return {s.IDS: alive + dead, s.SHARES: shares}

@@ -5,6 +5,9 @@ a crash), and the modular sum over the survivors once the masks are removed.
 Nodes that answered SETUP form the cohort U1; U2 answered SHARE_KEYS; U3 sent masked vectors
 (the survivors); CONSISTENCY has U3 sign U3; UNMASK sends U3 with those signatures and asks
 for shares of b of U3 (active) and of sk1 of U2 \\ U3 (dead).
+With ``neighbours`` = k (SecAgg+, ``graph``), each node of U1 shares with and masks against
+only its neighbours in the round's Harary graph H(|U1|, k), is sent only their keys (and U1's
+ids) and asked only for their shares; otherwise every node is every other's neighbour.
 A seed or key rebuilt from shares is checked (b against the node's commitment, sk1 against
 its public key) before use, so a node sending a wrong share makes the round fail or is
 outvoted, never a wrong sum.
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpriv.secagg import keys, prg
+from fedpriv.secagg import graph, keys, prg
 from fedpriv.secagg.lagrange import Interpolator
 from fedpriv.secagg import stages as s
 from fedpriv.secagg.stages import Stage
@@ -70,7 +73,7 @@ class SecureAggregation:
     replies, until ``done``; then ``result()``."""
 
     def __init__(self, nodes: Sequence[int], *, dimension: int, modulus_bits: int, threshold: int,
-                 round_key: str) -> None:
+                 round_key: str, neighbours: int = 0) -> None:
         if not 1 <= modulus_bits <= prg.MAX_BITS or not 1 <= dimension <= s.MAX_DIMENSION or threshold < 1:
             raise ValueError("modulus_bits in [1, 64], dimension in [1, 2^28] and threshold >= 1 are needed")
         if len(set(nodes)) != len(nodes):
@@ -78,6 +81,9 @@ class SecureAggregation:
         self.nodes = tuple(sorted(nodes))
         self.dimension, self.modulus_bits = dimension, modulus_bits
         self.threshold, self.round_key = threshold, round_key
+        graph.harary(self.nodes, neighbours, round_key)  # an odd k fails here, not mid-round
+        self.neighbours = neighbours
+        self.graph: dict[int, frozenset[int]] | None = None  # drawn over U1; None: the full graph
         self.stage: Stage | None = Stage.SETUP
         self.live: list[int] = list(self.nodes)
         self.dropped: dict[int, str] = {}
@@ -113,7 +119,8 @@ class SecureAggregation:
         for node, config in configs.items():
             self.bytes_received[node] += wire_bytes(config)
         if stage is Stage.UNMASK:
-            self.asked = {node: config[s.ACTIVE] + config[s.DEAD] for node, config in configs.items()}
+            self.asked = {node: [n for n in config[s.ACTIVE] if self.linked(node, n)] + config[s.DEAD]
+                          for node, config in configs.items()}
         return configs
 
     def current(self) -> Stage:
@@ -149,6 +156,7 @@ class SecureAggregation:
                 self.drop(node, f"malformed {stage} reply: {err}")
         if stage is Stage.SETUP:
             self._drop_repeated_keys()
+            self.graph = graph.harary(self.live, self.neighbours, self.round_key)
         if stage is Stage.SHARE_KEYS:
             self.shared = list(self.live)
         if stage is Stage.COLLECT:
@@ -158,9 +166,26 @@ class SecureAggregation:
             return
         if len(self.live) < self.threshold:
             self.reason = f"{len(self.live)} of {len(self.nodes)} nodes left after {stage}, threshold {self.threshold}"
+        elif stage is Stage.COLLECT:
+            self.reason = self._unrecoverable()
+        if self.reason is not None:
             self.stage = None
             return
         self.stage = list(Stage)[list(Stage).index(stage) + 1]
+
+    def linked(self, node: int, other: int) -> bool:
+        """Whether ``node`` shares with and masks against ``other`` (itself included)."""
+        return self.graph is None or node == other or other in self.graph[node]
+
+    def _unrecoverable(self) -> str | None:
+        """Why a survivor's seed or a dead node's key cannot be rebuilt on a sparse graph: fewer
+        than t of its group survived (on the full graph, fewer than t survivors end the round
+        before this is asked)."""
+        for node in self.shared if self.graph is not None else ():
+            holders = sum(self.linked(node, peer) for peer in self.survivors)
+            if holders < self.threshold:
+                return f"node {node} has {holders} surviving neighbours (itself included), threshold {self.threshold}"
+        return None
 
     # -- configs
     def _setup_config(self, node: int) -> dict[str, Any]:
@@ -168,9 +193,10 @@ class SecureAggregation:
                 s.ROUND_KEY: self.round_key}
 
     def _share_keys_config(self, node: int) -> dict[str, Any]:
-        live = self.live
-        return {s.IDS: list(live), s.PK1: [self.pk1[n] for n in live], s.PK2: [self.pk2[n] for n in live],
-                s.PK3: [self.pk3[n] for n in live]}
+        group = [n for n in self.live if self.linked(node, n)]
+        cohort = {} if self.graph is None else {s.COHORT: list(self.live)}
+        return {s.IDS: group, s.PK1: [self.pk1[n] for n in group], s.PK2: [self.pk2[n] for n in group],
+                s.PK3: [self.pk3[n] for n in group], **cohort}
 
     def _collect_config(self, node: int) -> dict[str, Any]:
         sources, ciphertexts = self.inbox.get(node, ([], []))
@@ -181,8 +207,10 @@ class SecureAggregation:
         return {s.ACTIVE: list(self.survivors)}
 
     def _unmask_config(self, node: int) -> dict[str, Any]:
-        return {s.ACTIVE: list(self.survivors), s.DEAD: [n for n in self.shared if n not in self.survivors],
-                s.SIGNERS: list(self.live), s.SIGNATURES: [self.signatures[n] for n in self.live]}
+        signers = [n for n in self.live if self.linked(node, n)]
+        return {s.ACTIVE: list(self.survivors),
+                s.DEAD: [n for n in self.shared if n not in self.survivors and self.linked(node, n)],
+                s.SIGNERS: signers, s.SIGNATURES: [self.signatures[n] for n in signers]}
 
     # -- replies
     def _accept_setup(self, node: int, reply: Mapping[str, Any]) -> None:
@@ -206,8 +234,9 @@ class SecureAggregation:
     def _accept_share_keys(self, node: int, reply: Mapping[str, Any]) -> None:
         destinations, ciphertexts = _list(reply, s.DESTINATIONS, int), _list(reply, s.CIPHERTEXTS, bytes)
         commitment = reply.get(s.COMMITMENT)
-        if sorted(destinations) != [n for n in self.asked_now if n != node] or len(ciphertexts) != len(destinations):
-            raise Malformed("shares for other nodes than the cohort")
+        group = [n for n in self.asked_now if n != node and self.linked(node, n)]
+        if sorted(destinations) != group or len(ciphertexts) != len(destinations):
+            raise Malformed("shares for other nodes than its group")
         if any(len(c) > s.MAX_CIPHERTEXT_BYTES for c in ciphertexts):
             raise Malformed("a ciphertext is too long")
         if not isinstance(commitment, bytes) or len(commitment) != 32:
@@ -269,7 +298,7 @@ class SecureAggregation:
             if secret is None:
                 return None, f"the key of dropped node {node} could not be rebuilt from the shares"
             private = keys.private_key(secret)
-            for peer in survivors:
+            for peer in (p for p in survivors if self.linked(node, p)):
                 key = keys.mask_key(private, keys.public_key(self.pk1[peer]))
                 pairwise = prg.mask(key, "pairwise", round_key, d, bits)
                 if node > peer:  # the peer subtracted it

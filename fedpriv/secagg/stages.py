@@ -11,7 +11,7 @@ RECORD_KEY = "fedpriv.secagg"
 
 
 class Stage(StrEnum):
-    """SecAgg+ (Bell et al. 2020) on the full graph, in the order a node answers them."""
+    """SecAgg+ (Bell et al. 2020), in the order a node answers them."""
 
     SETUP = "setup"  # → threshold, modulus bits, dimension, round key; ← two public keys
     SHARE_KEYS = "share-keys"  # → the cohort's keys; ← encrypted shares, commitment to b
@@ -24,8 +24,8 @@ STAGE = "stage"
 # setup
 THRESHOLD, MODULUS_BITS, DIMENSION, ROUND_KEY = "threshold", "modulus-bits", "dimension", "round-key"
 PK1, PK2, PK3 = "pk1", "pk2", "pk3"
-# share-keys
-IDS = "ids"
+# share-keys (ids: the nodes it shares with, itself included; cohort: all of U1, sent on a sparse graph only)
+IDS, COHORT = "ids", "cohort"
 DESTINATIONS, CIPHERTEXTS, COMMITMENT = "destinations", "ciphertexts", "commitment"
 # collect
 SOURCES, MASKED = "sources", "masked"

@@ -1,7 +1,8 @@
 """Run the pure secure-sum protocol over simulated nodes, with hooks for a server that loses
 replies or lies: ``lose[stage]`` are nodes whose reply to that stage never arrives,
 ``request(stage, node, config)`` may rewrite what the server sends, ``reply(stage, node,
-reply)`` what a (malicious) node answers. ``received`` is everything the server got."""
+reply)`` what a (malicious) node answers. ``received`` is everything the server got;
+``neighbours`` is SecAgg+'s k (nodes then accept k neighbours unless ``requirements`` say)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, SecureAggregation, SecureSumResult, Stage, answer
+from fedpriv.secagg import (
+    NodeState,
+    Requirements,
+    SecAggRefusal,
+    SecureAggregation,
+    SecureSumResult,
+    Stage,
+    answer,
+    graph,
+)
 
 Hook = Callable[[Stage, int, dict[str, Any]], dict[str, Any]]
 
@@ -35,15 +45,17 @@ class Round:
 def simulate(n: int, d: int, *, bits: int = 32, threshold: int | None = None,
              requirements: Requirements | None = None, vectors: Mapping[int, np.ndarray] | None = None,
              lose: Mapping[Stage, set[int]] | None = None, request: Hook | None = None, reply: Hook | None = None,
-             round_key: str = "run/round-1", seed: int = 0) -> Round:
+             round_key: str = "run/round-1", seed: int = 0, neighbours: int = 0) -> Round:
     nodes = list(range(11, 11 + n))
     rng = np.random.default_rng(seed)
     inputs = dict(vectors) if vectors is not None else {
         u: rng.integers(0, 1 << bits, d, dtype=np.uint64) for u in nodes}
-    req = requirements or Requirements(min_cohort=2, min_survivors=2, max_colluders=0)
+    req = requirements or Requirements(min_cohort=2, min_survivors=2, max_colluders=0,
+                                       min_neighbours=neighbours or None)
     states = {u: NodeState() for u in nodes}
-    agg = SecureAggregation(nodes, dimension=d, modulus_bits=bits, threshold=threshold or (2 * n) // 3 + 1,
-                            round_key=round_key)
+    agg = SecureAggregation(nodes, dimension=d, modulus_bits=bits,
+                            threshold=threshold or graph.threshold(n, neighbours), round_key=round_key,
+                            neighbours=neighbours)
     out = Round(SecureSumResult(None, None, (), (), {}, {}, {}), inputs, states)
     while not agg.done:
         stage, replies = agg.stage, {}

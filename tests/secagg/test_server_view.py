@@ -15,8 +15,9 @@ D = 40_000
 ALPHA = 1e-3
 
 
-def masked_vectors(inputs: dict[int, np.ndarray], seed: int) -> tuple[dict[int, np.ndarray], object]:
-    r = simulate(len(inputs), D, vectors=inputs, seed=seed)
+def masked_vectors(inputs: dict[int, np.ndarray], seed: int,
+                   neighbours: int = 0) -> tuple[dict[int, np.ndarray], object]:
+    r = simulate(len(inputs), D, vectors=inputs, seed=seed, neighbours=neighbours)
     everything = [(stage, node, reply) for stage, node, reply in r.received]
     vectors = {node: prg.from_wire(reply["masked"], D, 32) for stage, node, reply in everything
                if stage is Stage.COLLECT}
@@ -25,12 +26,18 @@ def masked_vectors(inputs: dict[int, np.ndarray], seed: int) -> tuple[dict[int, 
 
 
 def test_each_masked_vector_alone_is_uniform_and_independent_of_the_input() -> None:
-    nodes = range(11, 16)
+    check_masked_vectors(5)
+
+
+def check_masked_vectors(n: int, neighbours: int = 0) -> None:
+    """Each of ``n`` nodes' masked vectors (SecAgg+ with ``neighbours``) is uniform, and node
+    11's is independent of its input; the same tests see the inputs' difference at once."""
+    nodes = range(11, 11 + n)
     zeros = {u: np.zeros(D, dtype=np.uint64) for u in nodes}
     ramp = np.arange(D, dtype=np.uint64) * 104_729 % (1 << 32)  # spans the range, very unlike 0
     other = {u: (ramp if u == 11 else np.zeros(D, dtype=np.uint64)) for u in nodes}
-    seen_zero, r = masked_vectors(zeros, seed=1)
-    seen_ramp, _ = masked_vectors(other, seed=2)
+    seen_zero, r = masked_vectors(zeros, seed=1, neighbours=neighbours)
+    seen_ramp, _ = masked_vectors(other, seed=2, neighbours=neighbours)
     assert np.array_equal(r.result.sum, np.zeros(D, dtype=np.uint64))
     for vector in list(seen_zero.values()) + [seen_ramp[11]]:
         top = (vector >> np.uint64(24)).astype(np.int64)
