@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from fedpriv.secagg import graph, keys, prg
-from fedpriv.secagg.lagrange import Interpolator
 from fedpriv.secagg import stages as s
+from fedpriv.secagg.lagrange import Interpolator
 from fedpriv.secagg.stages import Stage
 
 MAX_TRIES = 64
