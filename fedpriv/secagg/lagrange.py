@@ -16,9 +16,13 @@ checks every rebuilt secret against its commitment or public key before using it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from Crypto.Protocol.SecretSharing import _Element  # PyCryptodome's GF(2^128), used by Shamir
+from Crypto.Protocol.SecretSharing import _Element
 from Crypto.Util.Padding import unpad
+
+Element: Any = _Element
+"""PyCryptodome's GF(2^128), what its Shamir uses (typed Any: its stub lacks the operators)."""
 
 INDEX_BYTES, CHUNK_BYTES = 4, 16
 
@@ -27,7 +31,7 @@ class Interpolator:
     """``combine(shares)`` as Flower's ``combine_shares``, with λ cached per index set."""
 
     def __init__(self) -> None:
-        self._coefficients: dict[tuple[int, ...], list[_Element]] = {}
+        self._coefficients: dict[tuple[int, ...], list[Any]] = {}
 
     def combine(self, shares: Sequence[bytes]) -> bytes:
         """The secret the shares (Flower's format, one per index) rebuild; ValueError when
@@ -42,24 +46,24 @@ class Interpolator:
         padded = bytearray()
         for c in range(chunks):
             start = INDEX_BYTES + c * CHUNK_BYTES
-            value = _Element(0)
+            value = Element(0)
             for weight, share in zip(coefficients, shares, strict=True):
-                value += weight * _Element(share[start:start + CHUNK_BYTES])
+                value += weight * Element(share[start:start + CHUNK_BYTES])
             padded += value.encode()
         try:
             return unpad(bytes(padded), CHUNK_BYTES)
         except ValueError:
             raise ValueError("Failed to combine shares") from None
 
-    def _lagrange(self, indices: tuple[int, ...]) -> list[_Element]:
+    def _lagrange(self, indices: tuple[int, ...]) -> list[Any]:
         """λ_j at 0 for the points ``indices`` (cached)."""
         if indices not in self._coefficients:
             if len(set(indices)) != len(indices) or 0 in indices:
                 raise ValueError("repeated or zero share index")
-            points = [_Element(x) for x in indices]
+            points = [Element(x) for x in indices]
             weights = []
             for j, x_j in enumerate(points):
-                numerator, denominator = _Element(1), _Element(1)
+                numerator, denominator = Element(1), Element(1)
                 for m, x_m in enumerate(points):
                     if m != j:
                         numerator *= x_m
