@@ -33,10 +33,11 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent, DpEvent
+from fedpriv.secagg import SecureSumResult
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
-from server.history import History
+from server.history import History, RoundLog
 from server.ledger import ServerLedger
 from server.secure_sum import secure_sum
 from server.strategy import BudgetedFedAvg
@@ -52,6 +53,22 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
     prior = max(releases, key=lambda events: epsilon_of(ComposedEvent(events), settings.delta), default=())
     return distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
                              settings.target_epsilon, settings.delta, settings.lattice_rounding, prior)
+
+
+def threshold(cohort: int) -> int:
+    """SecAgg's reconstruction threshold t = ⌊2K/3⌋ + 1: a node with c colluders demands
+    2t > K + c (so no two disjoint sets of t rebuild both of its secrets), which this
+    meets for c < K/3; up to K − t nodes may drop out."""
+    return 2 * cohort // 3 + 1
+
+
+def record_survivors(round_log: RoundLog, result: SecureSumResult, cohort: Sequence[int],
+                     nodes: Mapping[int, Assignment]) -> None:
+    """The round's survivors, and why each other member of the ``cohort`` is not one."""
+    for node in cohort:
+        if node not in result.survivors:
+            round_log.failed[nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
+    round_log.survivors = [nodes[n].client_id for n in result.survivors]
 
 
 class DistributedFedAvg(BudgetedFedAvg):
@@ -79,10 +96,8 @@ class DistributedFedAvg(BudgetedFedAvg):
         return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
 
     def threshold(self, cohort: int) -> int:
-        """SecAgg's reconstruction threshold t = ⌊2K/3⌋ + 1: a node with c colluders demands
-        2t > K + c (so no two disjoint sets of t rebuild both of its secrets), which this
-        meets for c < K/3; up to K − t nodes may drop out."""
-        return 2 * cohort // 3 + 1
+        """SecAgg's reconstruction threshold (``threshold``)."""
+        return threshold(cohort)
 
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Sample and book the cohort, securely sum its contributions, step; the new model
@@ -100,10 +115,7 @@ class DistributedFedAvg(BudgetedFedAvg):
             collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
             timeout=timeout, round_key=entry,
         )
-        for node in cohort:
-            if node not in result.survivors:
-                round_log.failed[self.nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
-        round_log.survivors = [self.nodes[n].client_id for n in result.survivors]
+        record_survivors(round_log, result, cohort, self.nodes)
         ledger = self.ledger.snapshot()
         round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
         round_log.train_seconds = time.perf_counter() - self._round_start
