@@ -229,3 +229,13 @@ def test_a_node_without_allow_distributed_refuses_and_books_nothing(tmp_path, sh
     assert all(np.array_equal(arrays[k].numpy(), v.numpy()) for k, v in initial.items()), "nothing stepped"
     for i in range(nodes):
         assert PrivacyLedger.load(tmp_path / f"node{i}" / "ledger.json").events(str(i)) == ()
+
+
+@pytest.mark.parametrize(("extra", "message"), [({"clip-quantile": 0.5}, "central-only"),
+                                                 ({"privacy": "local"}, "needs privacy = 'user'")])
+def test_adaptive_clipping_or_a_record_level_mode_with_distributed_user_noise_is_refused(extra, message):
+    from fedpriv.federation.settings import RunSettings, SettingsError
+
+    with pytest.raises(SettingsError, match=message):
+        RunSettings.from_run_config({"privacy": "user", "user-noise": "distributed", "noise-multiplier": 1.0,
+                                     **extra})
