@@ -239,3 +239,31 @@ def test_adaptive_clipping_or_a_record_level_mode_with_distributed_user_noise_is
     with pytest.raises(SettingsError, match=message):
         RunSettings.from_run_config({"privacy": "user", "user-noise": "distributed", "noise-multiplier": 1.0,
                                      **extra})
+
+
+def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_at_the_lattices_multiplier():
+    """z given: ε per round is the Poisson-sampled Gaussian of z·c/Δ₂ (Δ₂ of nearest rounding
+    for the default model's d, c = scale); z calibrated: the smallest 3-digit share whose
+    rounds end at the target, so one unit less in the share's third digit overshoots."""
+    from fedpriv.distributed.lattice import fine_scale
+    from fedpriv.privacy.planner import Federation, plan
+    from fedpriv.training import default_plan
+
+    d = sum(t.numel() for t in build_model(default_plan("mnist").model, 0).state_dict().values())
+    c = fine_scale(1.0, d, rounding="nearest")
+    z_eff = 1.1 * c / (c * (1 + 2.0**-30) + math.sqrt(d) / 2)
+    fed = Federation(population=1000, cohort=100, rounds=20, delta=DELTA, noise_multiplier=1.1)
+    column = plan(fed, ["user-distributed"])["modes"]["user-distributed"]
+    assert column["noise_multiplier"] == 1.1 and column["sample_rate"] == 0.1
+    for r in (1, 7, 20):
+        sampled = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z_eff))
+        assert column["epsilon"][r - 1] == pytest.approx(_dpa([sampled] * r), rel=1e-6)
+    calibrated = plan(Federation(population=1000, cohort=100, rounds=20, delta=DELTA, target_epsilon=3.0),
+                      ["user-distributed"])["modes"]["user-distributed"]
+    assert calibrated["epsilon"][-1] <= 3.0
+    z = calibrated["noise_multiplier"]
+    share = z * c / math.sqrt(100)
+    lower = float(f"{share:.3g}") - 10 ** (math.floor(math.log10(share)) - 2)
+    cheaper = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(
+        lower * math.sqrt(100) / (c * (1 + 2.0**-30) + math.sqrt(d) / 2)))
+    assert _dpa([cheaper] * 20) > 3.0
