@@ -267,3 +267,16 @@ def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_a
     cheaper = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(
         lower * math.sqrt(100) / (c * (1 + 2.0**-30) + math.sqrt(d) / 2)))
     assert _dpa([cheaper] * 20) > 3.0
+
+
+def test_the_simulations_flag_gives_its_nodes_allow_distributed_and_half_the_cohort_not_central_trust(tmp_path):
+    from simulations._federated import build_parser, run_config_overrides, simulated_node_policy
+
+    args = build_parser("mnist").parse_args(["--clients", "100", "--privacy", "user", "--user-noise", "distributed",
+                                             "--cohort", "21", "--noise-multiplier", "1.0"])
+    run_config = {"delta": 1e-5, "seed": 0, "fraction-evaluate": 0.0, **run_config_overrides(args, "mnist")}
+    assert run_config["user-noise"] == "distributed"
+    policy = simulated_node_policy(run_config, tmp_path, clients=100)
+    assert (policy["allow-distributed"], policy["min-cohort"], policy["allow-central-user"]) == (True, 11, False)
+    central = simulated_node_policy({**run_config, "user-noise": "central"}, tmp_path, clients=100)
+    assert central["allow-central-user"] and "allow-distributed" not in central
