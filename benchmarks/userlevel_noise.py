@@ -3,8 +3,8 @@ secure aggregation (``user-noise``), the same federation, z, S, rounds and seed
 (``docs/user-level.md``): ``python -m benchmarks.userlevel_noise --clients 100 --cohort 20
 --rounds 3 --out F.json``. In process (``tests.flower.inprocess.InProcessGrid``, the real
 ClientApp; ``benchmarks.userlevel``'s run config and node policies). Each distributed node
-sizes its share for min-cohort = ⌈cohort / 2⌉ honest survivors (no dropouts or colluders),
-as ``simulations.mnist`` sets it.
+sizes its share for ``--min-cohort`` honest survivors (no dropouts or colluders; default
+⌈cohort / 2⌉, as ``simulations.mnist`` sets it); ``--noise`` picks the variants run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.userlevel import _nodes, _run_config, build_parser
-from simulations._cli import write_out
+from simulations._cli import Parser, at_least, write_out
+
+
+def parser() -> Parser:
+    p = build_parser()
+    p.prog = "python -m benchmarks.userlevel_noise"
+    p.add_argument("--noise", nargs="+", choices=["central", "distributed"], default=["central", "distributed"])
+    p.add_argument("--min-cohort", type=at_least(1), help="each distributed node's min-cohort (⌈cohort / 2⌉)")
+    return p
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -30,7 +38,7 @@ def run(args: Any) -> dict[str, Any]:
     from tests.flower.inprocess import InProcessGrid
 
     out: dict[str, Any] = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    for noise in ("central", "distributed"):
+    for noise in args.noise:
         with tempfile.TemporaryDirectory(prefix="fedpriv-usernoise-") as tmp, task_identity(1, 1, 0):
             state = Path(tmp)
             config = {**_run_config(args, state), "user-noise": noise}
@@ -38,7 +46,7 @@ def run(args: Any) -> dict[str, Any]:
             if noise == "distributed":
                 for policy in nodes.values():
                     policy.update({"allow-central-user": False, "allow-distributed": True,
-                                   "min-cohort": math.ceil(args.cohort / 2)})
+                                   "min-cohort": args.min_cohort or math.ceil(args.cohort / 2)})
             start = time.perf_counter()
             history = run_server(cast(Grid, InProcessGrid(config, nodes)), config)
             epsilon = list(history.final_epsilon().values())
@@ -51,7 +59,7 @@ def run(args: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     result = run(args)
     text = json.dumps(result, indent=2)
     write_out(args.out, text)
