@@ -37,15 +37,17 @@ Keys (kebab-case, as in ``--node-config``):
 - ``allow-distributed`` (default false): take part in distributed-DP rounds
   (``privacy = "distributed"``, and user level with ``user-noise = "distributed"``): the
   node adds a share of integer noise to its contribution and sends it only through secure
-  aggregation. ``min-cohort`` (default 2) is the fewest nodes it will aggregate with, ``max-dropouts`` and ``max-colluders`` (default 0 each) how
-  many of them may drop out after masking or collude with the server. The node sizes its
+  aggregation. ``min-cohort`` (default 2) is the fewest nodes it will aggregate with,
+  ``max-dropouts`` and ``max-colluders`` (default 0 each) how many of them may drop out
+  after masking or collude with the server. The node sizes its
   noise share so that the ``min-cohort − max-dropouts − max-colluders`` honest survivors
   it is guaranteed already carry the whole noise, and books that worst case
   (``honest_shares``), whatever cohort the server claims.
 - ``allow-central-user`` (default false): take part in central user-level rounds
   (``privacy = "user"``, ``user-noise = "central"``): the node sends its clipped model
   delta *without noise* and trusts the server to add the noise it names; it books
-  ``participant_event(z)`` for the z the server says it adds (``docs/user-level.md``). Off, the node refuses such rounds.
+  ``participant_event(z)`` for the z the server says it adds (``docs/user-level.md``).
+  Off, the node refuses such rounds.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
