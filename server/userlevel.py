@@ -46,7 +46,7 @@ from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event, user_round_event
 from fedpriv.seeding import derive_seed
 from server.checks import array_spec
-from server.history import client_order
+from server.history import RoundLog, client_order
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 
@@ -210,7 +210,13 @@ class UserLevelFedAvg(BudgetedFedAvg):
         if self.quantile is not None:
             assert self.count_noise is not None
             centred = sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
-            estimate = centred / expected + 0.5
-            self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
-            round_log.train_metrics["under_clip_estimate"] = estimate
+            self.adapt_clip(centred, expected, round_log)
         return ArrayRecord(out), None
+
+    def adapt_clip(self, centred: float, expected: float, round_log: RoundLog) -> None:
+        """Andrew et al.'s step from the noisy centred count Σ(b − ½) + N(0, σ_b²):
+        b̃ = centred / m + ½, S ← S·exp(−η(b̃ − γ))."""
+        assert self.quantile is not None
+        estimate = centred / expected + 0.5
+        self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
+        round_log.train_metrics["under_clip_estimate"] = estimate

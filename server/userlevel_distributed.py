@@ -18,7 +18,12 @@ differs:
 - a round with no cohort, or whose secure sum fails (too few survivors, a node's refusal),
   is discarded: without the nodes' shares there is no noise, so nothing is stepped.
 
-Adaptive clipping is central-only for now (``RunSettings`` refuses ``clip-quantile`` here).
+Adaptive clipping: the bit rides in the same secure sum as one more coordinate,
+(2b − 1)·k (``fedpriv.privacy.userlevel.count_scale``), under the same shares, whose noise
+z_Δ·S·scale is σ_b on the centred count: Andrew et al.'s split, and the round one event of
+sensitivity √(Δ₂² + k²) on d + 1 coordinates. S changes each round, and with it the lattice
+and the event booked (so z is given, not calibrated: ``RunSettings`` refuses
+``target-epsilon`` here).
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ from flwr.supercore import log
 from fedpriv.distributed.contribution import decode_sum
 from fedpriv.distributed.lattice import Lattice
 from fedpriv.distributed.setup import user_level_lattice
-from fedpriv.federation import protocol
+from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import DpEvent
-from fedpriv.privacy.userlevel import distributed_user_round_event
+from fedpriv.privacy.userlevel import count_scale, distributed_user_round_event
 from server.distributed import record_survivors, threshold
 from server.secure_sum import secure_sum
 from server.userlevel import UserLevelFedAvg
@@ -58,52 +63,62 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         """The shares the population ledger's event splits z·S·scale into: ⌊m⌋, at least 1."""
         return max(1, math.floor(self.expected_cohort))
 
-    def _lattice(self, clip: float, noise_multiplier: float) -> Lattice:
-        return user_level_lattice(clip, self.dimension, self.rounding, len(self.nodes), noise_multiplier)
+    def _lattice(self, clip: float, noise_multiplier: float, count_noise: float | None) -> Lattice:
+        return user_level_lattice(clip, self.dimension, self.rounding, len(self.nodes), noise_multiplier, count_noise)
+
+    @property
+    def bit_scale(self) -> int:
+        """k of the bit's coordinate (0: fixed clipping, no such coordinate)."""
+        if self.count_noise is None:
+            return 0
+        assert self.lattice is not None
+        return count_scale(self.delta_multiplier * self.lattice.clip, self.count_noise)
 
     def calibrated_noise(self, settings: RunSettings) -> float:
         """z for ``target-epsilon`` after ``rounds`` rounds of the distributed event (the
         modulus, chosen once z is known, does not enter it)."""
         assert settings.target_epsilon is not None
-        lattice = self._lattice(settings.user_clip, 0.0)
+        lattice = self._lattice(settings.user_clip, 0.0, None)  # fixed clipping (RunSettings)
         share = calibrate_distributed_noise(settings.target_epsilon, settings.delta, self.sample_rate,
                                             settings.rounds, self.nominal_shares, lattice.sensitivity, self.dimension)
         return share * math.sqrt(self.nominal_shares) / lattice.clip
 
     def round_event(self) -> DpEvent:
-        """Poisson q of the nominal shares, summing to z·S·scale, on sensitivity Δ₂."""
-        self.lattice = self._lattice(self.clip, self.noise_multiplier)
+        """For the current S: Poisson q of the nominal shares, summing to z_Δ·S·scale, on
+        sensitivity Δ₂ (√(Δ₂² + k²) with the bit's coordinate)."""
+        self.lattice = self._lattice(self.clip, self.delta_multiplier, self.count_noise)
         return distributed_user_round_event(
-            self.sample_rate, self.lattice.noise_stddev(self.noise_multiplier, self.nominal_shares),
-            self.nominal_shares, self.lattice.sensitivity, self.dimension)
+            self.sample_rate, self.lattice.noise_stddev(self.delta_multiplier, self.nominal_shares),
+            self.nominal_shares, math.hypot(self.lattice.sensitivity, self.bit_scale), self.lattice.dimension)
 
     def resolved(self) -> dict[str, Any]:
         """Central user level's, with the noise's origin and the lattice."""
         resolved = super().resolved()
         assert self.lattice is not None
         resolved["user_level"] |= {
-            "user_noise": "distributed", "delta_noise_multiplier": self.noise_multiplier,
-            "nominal_shares": self.nominal_shares, "lattice_scale": self.lattice.scale,
+            "user_noise": "distributed", "nominal_shares": self.nominal_shares, "lattice_scale": self.lattice.scale,
             "dimension": self.dimension, "sensitivity": self.lattice.sensitivity,
             "sensitivity_inflation": self.lattice.sensitivity / self.lattice.clip,
             "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
-            "node_event": "DistributedDiscreteGaussianEvent(z·S·scale/√n, n, 2Δ₂, d) per round taken part in, "
-                          "n = the node's min-cohort − max-dropouts − max-colluders"}
+            "node_event": "DistributedDiscreteGaussianEvent(z_Δ·S·scale/√n, n, 2√(Δ₂² + k²), d (+ 1)) per round "
+                          "taken part in, n = the node's min-cohort − max-dropouts − max-colluders"}
         return resolved
 
     def train_config(self, server_round: int) -> dict[str, Any]:
-        """S and z, and the lattice the deltas are encoded on."""
+        """S and z (and σ_b when adaptive), and the lattice the deltas are encoded on."""
         assert self.lattice is not None
-        return {**super().train_config(server_round), protocol.LATTICE_SCALE: self.lattice.scale,
+        count = {} if self.count_noise is None else {userlevel.COUNT_NOISE: self.count_noise}
+        return {**super().train_config(server_round), **count, protocol.LATTICE_SCALE: self.lattice.scale,
                 protocol.MODULUS_BITS: self.lattice.modulus_bits,
                 protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
 
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Book the population, sample the cohort, securely sum its encoded noisy deltas and
         move the model by the decoded sum / m; the old model when the round is discarded."""
-        assert self.lattice is not None
         self._round_start = time.perf_counter()
         self._admit_new(grid, set(grid.get_node_ids()))
+        self.event = self.round_event()  # this round's S: its lattice and event
+        assert self.lattice is not None
         cohort = self._sample_and_book(server_round, grid, evaluate=False)
         self._global, self._sent = arrays, {}
         round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
@@ -132,8 +147,12 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
             return arrays
         log(INFO, "Round %d: secure sum of %d of %d clients, divided by the expected cohort %.1f",
             server_round, len(result.survivors), len(cohort), expected)
-        mean = decode_sum(result.sum, self.lattice).numpy() / expected
-        out, offset = {}, 0
+        flat = decode_sum(result.sum, self.lattice).numpy()
+        if self.count_noise is not None:  # the last coordinate: Σ(2b − 1)·k + noise, in lattice units / scale
+            bit_scale, flat = self.bit_scale, flat.copy()
+            self.adapt_clip(float(flat[-1]) * self.lattice.scale / (2 * bit_scale), expected, round_log)
+            flat = flat[:-1]
+        mean, out, offset = flat / expected, {}, 0
         for name, array in arrays.items():
             values = array.numpy()
             part = mean[offset:offset + values.size].reshape(values.shape)

@@ -21,6 +21,7 @@ from fedpriv.models import build_model
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.userlevel import count_scale
 from fedpriv.training import TrainingPlan
 
 
@@ -93,13 +94,19 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
 
 
 def user_level_lattice(clip: float, dimension: int, rounding: Rounding, max_clients: int,
-                       noise_multiplier: float) -> Lattice:
+                       noise_multiplier: float, count_noise: float | None = None) -> Lattice:
     """The lattice of distributed user-level rounds (``server.userlevel_distributed``): model
-    deltas clipped to S = ``clip`` encoded as one clipped example is here (``fine_scale``'s
-    scale for S and d, ``rounding``), and the smallest modulus in which the sum of
-    ``max_clients`` deltas cannot wrap, even if each carried a whole z·c share of noise."""
-    lattice = Lattice(fine_scale(clip, dimension, rounding=rounding), clip, dimension, rounding=rounding)
-    return with_headroom(lattice, max_clients, noise_multiplier * lattice.clip * math.sqrt(max_clients))
+    deltas (``dimension`` d) clipped to S = ``clip`` encoded as one clipped example is here
+    (``fine_scale``'s scale for S and d, ``rounding``), and the smallest modulus in which the
+    sum of ``max_clients`` vectors cannot wrap, even if each carried a whole z·c share of
+    noise (``noise_multiplier`` z, or z_Δ). With ``count_noise`` (adaptive clipping) one more
+    coordinate holds the bit, (2b − 1)·k (``count_scale``), so the lattice has d + 1."""
+    dimensions = dimension + (count_noise is not None)
+    lattice = Lattice(fine_scale(clip, dimensions, rounding=rounding), clip, dimensions, rounding=rounding)
+    bound = lattice.sensitivity if count_noise is None or noise_multiplier == 0 else \
+        math.hypot(lattice.sensitivity, count_scale(noise_multiplier * lattice.clip, count_noise))
+    return with_headroom(lattice, math.ceil(max_clients * bound / lattice.sensitivity),
+                         noise_multiplier * lattice.clip * math.sqrt(max_clients))
 
 
 MODULUS_BITS = (32, 40, 48, 56, 62)

@@ -164,9 +164,10 @@ class RunSettings:
             raise SettingsError("privacy = 'user' needs noise-multiplier (z) or target-epsilon")
         if self.user_noise is UserNoise.DISTRIBUTED and self.privacy is not PrivacyMode.USER:
             raise SettingsError("user-noise = 'distributed' is a user-level mode: it needs privacy = 'user'")
-        if self.user_noise is UserNoise.DISTRIBUTED and self.clip_quantile is not None:
-            raise SettingsError("adaptive clipping (clip-quantile) is central-only for now: with user-noise = "
-                                "'distributed' give a fixed user-clip")
+        if self.user_noise is UserNoise.DISTRIBUTED and self.clip_quantile is not None \
+                and self.target_epsilon is not None:
+            raise SettingsError("adaptive clipping (clip-quantile) with user-noise = 'distributed' needs "
+                                "noise-multiplier: each round's lattice follows S, so z is not calibrated")
         quantile, count_noise, z = self.clip_quantile, self.clip_count_noise, self.noise_multiplier
         if quantile is not None and count_noise is not None and z is not None and not 2 * count_noise > z:
             raise SettingsError(f"clip-count-noise {self.clip_count_noise} must exceed half the noise multiplier "

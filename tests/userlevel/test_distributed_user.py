@@ -161,6 +161,80 @@ def test_the_model_moves_by_the_decoded_noisy_sum_and_every_ledger_books_its_cla
     assert calls == 7  # rounds of 3 and 4 clients (the seeded draws)
 
 
+QUANTILE, CLIP_LR, COUNT_NOISE, START_CLIP = 0.5, 0.2, 2.0, 0.5
+
+
+def test_adaptive_clipping_rides_the_bit_as_one_more_coordinate_and_books_andrew_et_als_split(
+        tmp_path, shared_data_dir, monkeypatch):
+    """Each vector's last coordinate (before noise) is (2b − 1)·k, k = round(z_Δ·c/(2σ_b));
+    S follows Andrew et al.'s step from the decoded count / (2k); each round's events carry
+    sensitivity √(Δ₂² + k²) on d + 1 coordinates, whose multiplier z_Δ·c/√(Δ₂² + k²) is z
+    up to the rounding's inflation, as the split promises."""
+    nodes, cohort, rounds = 4, 3, 2
+    config = _run_config(shared_data_dir, tmp_path, nodes, cohort, rounds, **{
+        "clip-quantile": QUANTILE, "clip-lr": CLIP_LR, "clip-count-noise": COUNT_NOISE, "user-clip": START_CLIP})
+    policies = {10 + i: node_config(i, nodes, tmp_path, **_policy(shared_data_dir, i, **{"min-cohort": 2}))
+                for i in range(nodes)}
+    spy = Spy(monkeypatch)
+    history = run_server(InProcessGrid(config, policies), config)
+    z_delta = 1 / math.sqrt(Z**-2 - (2 * COUNT_NOISE) ** -2)  # Andrew et al. 2021, Theorem 1
+    q, clip, calls, bits = cohort / nodes, START_CLIP, 0, []
+    theta = {k: v.detach().double().numpy() for k, v in build_model("cnn", SEED).state_dict().items()}
+    server = PrivacyLedger.load(tmp_path / "server" / "ledger.json")
+    node_events: dict[str, list] = {str(i): [] for i in range(nodes)}
+    for r in range(1, rounds + 1):
+        assert history.rounds[r - 1].train_metrics["user_clip"] == pytest.approx(clip, rel=1e-12)
+        sampled = history.rounds[r - 1].participants
+        vectors = []
+        for cid in sampled:
+            rows, total = spy.rows[calls], spy.totals[calls]
+            vector, lattice, share = spy.vectors[calls]
+            calls += 1
+            assert lattice.dimension == DIMENSION + 1 and lattice.max_grad_norm == pytest.approx(clip, rel=1e-12)
+            c = clip * lattice.scale
+            sensitivity = c * (1 + 2.0**-30) + math.sqrt(DIMENSION + 1) / 2
+            k = round(z_delta * c / (2 * COUNT_NOISE))
+            under = np.linalg.norm(rows) < clip * (1 - 1e-9)  # clipped deltas sit on the sphere
+            assert total[-1] == (1 if under else -1) * k
+            bits.append(under)
+            np.testing.assert_array_equal(total[:-1], np.round(rows * lattice.scale).astype(np.int64))
+            assert share == pytest.approx(z_delta * c / math.sqrt(2), rel=1e-12)
+            combined = math.hypot(sensitivity, k)
+            node_events[cid].append(DistributedDiscreteGaussianEvent(share, 2, 2 * combined, DIMENSION + 1))
+            assert z_delta * c / combined == pytest.approx(Z, rel=2e-3)  # the split: one Gaussian of z
+            vectors.append(vector)
+        summed = _centred(np.sum(np.stack(vectors).astype(object), axis=0), 1 << lattice.modulus_bits)
+        for i in range(nodes):
+            booked = server.events(str(i))[r - 1]
+            assert booked.sample_rate == q
+            _same(booked.event, DistributedDiscreteGaussianEvent(z_delta * c / math.sqrt(3), 3, combined,
+                                                                 DIMENSION + 1))
+        mean, offset = summed[:-1].astype(np.float64) / lattice.scale / (q * nodes), 0
+        for name, value in theta.items():
+            part = mean[offset:offset + value.size].reshape(value.shape)
+            offset += value.size
+            theta[name] = (value + part).astype(np.float32).astype(np.float64)
+        estimate = (float(summed[-1]) / (2 * k)) / (q * nodes) + 0.5
+        clip *= math.exp(-CLIP_LR * (estimate - QUANTILE))
+    assert calls == 7 and set(bits) == {True, False}, "both kinds of client were counted"
+    assert history.resolved["user_level"]["final_clip"] == pytest.approx(clip, rel=1e-12)
+    _, arrays = ServerState(tmp_path / "server").load()
+    for name, value in theta.items():
+        np.testing.assert_allclose(arrays[name].numpy(), value, rtol=1e-6, atol=1e-7)
+    for i in range(nodes):
+        booked = PrivacyLedger.load(tmp_path / f"node{i}" / "ledger.json").events(str(i))
+        assert len(booked) == len(node_events[str(i)])
+        for event, expected in zip(booked, node_events[str(i)], strict=True):
+            _same(event, expected)
+
+
+def _same(event: DistributedDiscreteGaussianEvent, expected: DistributedDiscreteGaussianEvent) -> None:
+    """Equal shares and dimension, and sizes equal up to float rounding (z_Δ computed apart)."""
+    assert (event.shares, event.dimension) == (expected.shares, expected.dimension)
+    assert event.noise_stddev == pytest.approx(expected.noise_stddev, rel=1e-12)
+    assert event.sensitivity == pytest.approx(expected.sensitivity, rel=1e-12)
+
+
 HONEST, SYBILS = 3, 2
 
 
@@ -231,9 +305,10 @@ def test_a_node_without_allow_distributed_refuses_and_books_nothing(tmp_path, sh
         assert PrivacyLedger.load(tmp_path / f"node{i}" / "ledger.json").events(str(i)) == ()
 
 
-@pytest.mark.parametrize(("extra", "message"), [({"clip-quantile": 0.5}, "central-only"),
+@pytest.mark.parametrize(("extra", "message"), [({"clip-quantile": 0.5, "noise-multiplier": -1, "target-epsilon": 3.0},
+                                                  "needs noise-multiplier"),
                                                  ({"privacy": "local"}, "needs privacy = 'user'")])
-def test_adaptive_clipping_or_a_record_level_mode_with_distributed_user_noise_is_refused(extra, message):
+def test_a_calibrated_adaptive_or_a_record_level_mode_with_distributed_user_noise_is_refused(extra, message):
     from fedpriv.federation.settings import RunSettings, SettingsError
 
     with pytest.raises(SettingsError, match=message):
