@@ -242,7 +242,7 @@ def federated_parser(dataset: str) -> Parser:
     user.add_argument("--user-noise", choices=["central", "distributed"],
                       help="central: the server adds the noise (trusted to); distributed: each sampled client adds a "
                            "discrete Gaussian share under secure aggregation, the server sees only the noisy sum "
-                           f"(fixed clipping only; default: {d['user-noise']})")
+                           f"(default: {d['user-noise']})")
     user.add_argument("--clip-quantile", type=unit_interval,
                       help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
     user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
