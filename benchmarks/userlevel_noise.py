@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.userlevel import _nodes, _run_config, build_parser
-from simulations._cli import Parser, at_least, write_out
+from simulations._cli import Parser, at_least, positive, write_out
 
 
 def parser() -> Parser:
@@ -26,6 +26,7 @@ def parser() -> Parser:
     p.prog = "python -m benchmarks.userlevel_noise"
     p.add_argument("--noise", nargs="+", choices=["central", "distributed"], default=["central", "distributed"])
     p.add_argument("--min-cohort", type=at_least(1), help="each distributed node's min-cohort (⌈cohort / 2⌉)")
+    p.add_argument("--clip-quantile", type=positive, help="adaptive clipping to this quantile (default: fixed S)")
     return p
 
 
@@ -41,7 +42,7 @@ def run(args: Any) -> dict[str, Any]:
     for noise in args.noise:
         with tempfile.TemporaryDirectory(prefix="fedpriv-usernoise-") as tmp, task_identity(1, 1, 0):
             state = Path(tmp)
-            config = {**_run_config(args, state), "user-noise": noise}
+            config = {**_run_config(args, state), "user-noise": noise, "clip-quantile": args.clip_quantile or 0.0}
             nodes = _nodes(args, state)
             if noise == "distributed":
                 for policy in nodes.values():
@@ -54,6 +55,7 @@ def run(args: Any) -> dict[str, Any]:
                           "train_seconds": [r.train_seconds for r in history.rounds],
                           "cohort_sizes": [len(r.participants) for r in history.rounds],
                           "discarded": [r.discarded for r in history.rounds],
+                          "user_clip": [r.train_metrics.get("user_clip") for r in history.rounds],
                           "epsilon_median": statistics.median(epsilon), "seconds": time.perf_counter() - start}
     return out
 
