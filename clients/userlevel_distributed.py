@@ -50,6 +50,9 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     count_noise = userlevel.read_count_noise(config)  # None: fixed clipping
     dimension = sum(t.numel() for t in request.before.values())
     lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
+    if lattice.dimension != stage.dimension:  # refused before booking: the sum would not take the vector
+        raise protocol.ProtocolError(f"the secure sum has dimension {stage.dimension}, this round's vector "
+                                     f"{lattice.dimension}")
     multiplier = request.noise_multiplier if count_noise is None else \
         delta_noise_multiplier(request.noise_multiplier, count_noise)
     shares = request.policy.honest_shares

@@ -355,3 +355,23 @@ def test_the_simulations_flag_gives_its_nodes_allow_distributed_and_half_the_coh
     assert (policy["allow-distributed"], policy["min-cohort"], policy["allow-central-user"]) == (True, 11, False)
     central = simulated_node_policy({**run_config, "user-noise": "central"}, tmp_path, clients=100)
     assert central["allow-central-user"] and "allow-distributed" not in central
+
+
+def test_a_round_config_whose_vector_the_secure_sum_cannot_take_is_refused_before_booking(
+        tmp_path, shared_data_dir, monkeypatch):
+    """A server that names σ_b (a bit coordinate) in a secure sum of d coordinates: each node
+    refuses before it books, instead of booking and then failing."""
+    from fedpriv.federation import userlevel
+    from server.userlevel_distributed import DistributedUserLevelFedAvg
+
+    honest = DistributedUserLevelFedAvg.train_config
+    monkeypatch.setattr(DistributedUserLevelFedAvg, "train_config",
+                        lambda self, r: {**honest(self, r), userlevel.COUNT_NOISE: COUNT_NOISE})
+    nodes = 3
+    config = _run_config(shared_data_dir, tmp_path, nodes, nodes, 1)
+    configs = {10 + i: node_config(i, nodes, tmp_path, **_policy(shared_data_dir, i)) for i in range(nodes)}
+    history = run_server(InProcessGrid(config, configs), config)
+    (round_log,) = history.rounds
+    assert round_log.discarded and len(round_log.failed) == nodes
+    for i in range(nodes):
+        assert PrivacyLedger.load(tmp_path / f"node{i}" / "ledger.json").events(str(i)) == ()
