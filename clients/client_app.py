@@ -13,7 +13,7 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import distributed, task, userlevel
+from clients import distributed, task, userlevel, userlevel_distributed
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from clients.secure_sum import is_secure_sum
@@ -61,10 +61,12 @@ def train(msg: Message, context: Context) -> Message:
 
 def _train(msg: Message, context: Context) -> RecordDict:
     """The TRAIN handler of the message: a secure-aggregation stage of a distributed round
-    (``clients.distributed``), a user-level round (``clients.userlevel``) or local DP-SGD."""
+    (``clients.distributed``; of a distributed user-level round, ``clients.userlevel_distributed``),
+    a central user-level round (``clients.userlevel``) or local DP-SGD."""
+    user = RunSettings.from_run_config(context.run_config).privacy is PrivacyMode.USER
     if is_secure_sum(msg):
-        return distributed.train(msg, context)
-    if RunSettings.from_run_config(context.run_config).privacy is PrivacyMode.USER:
+        return distributed.train(msg, context, userlevel_distributed.contribute if user else None)
+    if user:
         return userlevel.train(msg, context)
     return task.train(msg, context)
 

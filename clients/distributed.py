@@ -29,7 +29,7 @@ from flwr.app import Context, Message, RecordDict
 from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.releases import book, stored_size
-from clients.secure_sum import answer_stage
+from clients.secure_sum import Contribute, answer_stage
 from clients.task import client_id, node_data, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
 from fedpriv.distributed.lattice import Lattice, Rounding
@@ -53,31 +53,43 @@ def requirements(policy: NodePolicy) -> Requirements:
                         max_colluders=policy.max_colluders, min_neighbours=policy.min_secagg_neighbours)
 
 
-def train(msg: Message, context: Context) -> RecordDict:
-    """One stage of a distributed round; refused unless the node's policy allows it."""
+def train(msg: Message, context: Context, vector: Contribute | None = None) -> RecordDict:
+    """One stage of a distributed round; refused unless the node's policy allows it.
+    ``vector`` computes the node's vector at the collect stage (default: ``contribute``,
+    one distributed DP-SGD step; ``clients.userlevel_distributed``: a user-level delta)."""
     policy = checked_policy(context.node_config)
     if not policy.allow_distributed:
         raise protocol.ProtocolError("this node's policy does not allow distributed rounds (allow-distributed = false)")
-    return answer_stage(msg, context, requirements(policy), contribute)
+    return answer_stage(msg, context, requirements(policy), vector or contribute)
 
 
 def read_lattice(config: Any, max_grad_norm: float, dimension: int) -> tuple[float, Lattice]:
-    """(q, lattice) from a round's config, checked: q one the samplers draw faithfully, a
-    finite power-of-two scale in [1, MAX_SCALE], a modulus of 32 to 62 bits, a known rounding."""
+    """(q, lattice) from a round's config, checked: q one the samplers draw faithfully and
+    the lattice's encoding (``read_encoding``)."""
     try:
-        q, scale, bits = config[protocol.SAMPLE_RATE], config[protocol.LATTICE_SCALE], config[protocol.MODULUS_BITS]
+        q = config[protocol.SAMPLE_RATE]
+    except KeyError as err:
+        raise protocol.ProtocolError(f"distributed config lacks {err}") from None
+    q = check_sample_rate(q, "sample-rate", protocol.ProtocolError)
+    return float(q), read_encoding(config, max_grad_norm, dimension)
+
+
+def read_encoding(config: Any, max_grad_norm: float, dimension: int) -> Lattice:
+    """The lattice of a round's config for clip norm ``max_grad_norm``, checked: a finite
+    power-of-two scale in [1, MAX_SCALE], a modulus of 32 to 62 bits, a known rounding."""
+    try:
+        scale, bits = config[protocol.LATTICE_SCALE], config[protocol.MODULUS_BITS]
         rounding = Rounding(config[protocol.LATTICE_ROUNDING])
     except KeyError as err:
         raise protocol.ProtocolError(f"distributed config lacks {err}") from None
     except ValueError as err:
         raise protocol.ProtocolError(f"bad lattice-rounding: {err}") from None
-    q = check_sample_rate(q, "sample-rate", protocol.ProtocolError)
     if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
             or not 1 <= scale <= MAX_SCALE or math.log2(scale) != int(math.log2(scale))):
         raise protocol.ProtocolError(f"lattice-scale must be a power of 2 in [1, 2^24], got {scale!r}")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 32 <= bits <= 62:
         raise protocol.ProtocolError(f"modulus-bits must be an integer in [32, 62], got {bits!r}")
-    return float(q), Lattice(float(scale), max_grad_norm, dimension, modulus_bits=bits, rounding=rounding)
+    return Lattice(float(scale), max_grad_norm, dimension, modulus_bits=bits, rounding=rounding)
 
 
 def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:

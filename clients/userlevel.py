@@ -11,6 +11,7 @@ and sends it with the bit 1[‖Δ‖ ≤ S] for adaptive clipping.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,31 +22,41 @@ from clients.failures import after_booking
 from clients.releases import book, stored_size
 from clients.task import client_id, node_data, received_model, training_seed
 from fedpriv.federation import protocol, userlevel
-from fedpriv.federation.policy import Randomness
+from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
 from fedpriv.node import checked_policy
+from fedpriv.privacy import Budget
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.userlevel import participant_event
-from fedpriv.training import default_device, train_round
+from fedpriv.training import TrainingPlan, default_device, train_round
 
 
-def clipped_delta(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                  clip: float) -> tuple[ArrayRecord, int]:
-    """(after − before) scaled to L2 norm ≤ ``clip`` (float64, cast back), and 1[‖Δ‖ ≤ clip]."""
-    deltas = {name: after[name].detach().cpu().double().numpy() - before[name].double().numpy() for name in before}
-    norm = math.sqrt(sum(float(np.sum(d * d)) for d in deltas.values()))
-    scale = min(1.0, clip / norm) if norm > 0 else 1.0
-    arrays = {name: Array((d * scale).astype(before[name].numpy().dtype)) for name, d in deltas.items()}
-    return ArrayRecord(arrays), int(norm <= clip)
+@dataclass(frozen=True)
+class UserRound:
+    """A user-level TRAIN as the node read and checked it, before anything is booked."""
+
+    policy: NodePolicy
+    settings: RunSettings
+    client: str
+    plan: TrainingPlan
+    clip: float
+    noise_multiplier: float
+    run_key: str
+    server_round: int
+    num_examples: int
+    budget: Budget
+    model: torch.nn.Module
+    before: dict[str, torch.Tensor]
+
+    @property
+    def entry(self) -> str:
+        return protocol.train_entry(self.run_key, self.server_round)
 
 
-def train(msg: Message, context: Context) -> RecordDict:
-    """Book the round, train on the received model, reply with the clipped delta and its bit."""
+def read_user_round(msg: Message, context: Context) -> UserRound:
+    """The round's plan (without per-example clipping or noise), S, z, the node's budget and
+    the received model, every check that needs no booking done (δ against N included)."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
-    if not policy.allow_central_user:
-        raise protocol.ProtocolError("this node's policy does not send un-noised updates to a server that adds "
-                                     "the noise (allow-central-user = false)")
-    cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config).non_private()
     clip, noise_multiplier = userlevel.read_user_round(config)
@@ -53,18 +64,58 @@ def train(msg: Message, context: Context) -> RecordDict:
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
-    charge = Charge(protocol.train_entry(run_key, server_round), (participant_event(noise_multiplier),))
     model = received_model(msg, plan.model, settings.seed)  # checked before anything is booked
     before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    ordinal = book(policy, cid, charge, budget)
+    return UserRound(policy, settings, client_id(context.node_config), plan, clip, noise_multiplier, run_key,
+                     server_round, num_examples, budget, model, before)
+
+
+def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[dict[str, np.ndarray], int]:
+    """Train the received model with the plain local plan (after booking: ``ordinal`` is
+    the booking's), and return its delta clipped to S (``clipped_arrays``) and the bit."""
+    policy = request.policy
+    data = node_data(request.settings, context, policy, model=request.plan.model)
+    train_round(
+        request.model, data.features, data.labels, request.plan,
+        seed=training_seed(policy, context.run_id, ordinal), client=int(request.client),
+        round_=request.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
+        num_examples=request.num_examples, fit_physical_batch=True,
+    )
+    return clipped_arrays(request.before, request.model.cpu().state_dict(), request.clip)
+
+
+def clipped_arrays(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+                   clip: float) -> tuple[dict[str, np.ndarray], int]:
+    """(after − before) in float64, scaled to L2 norm ≤ ``clip``, and 1[‖Δ‖ ≤ clip]."""
+    deltas = {name: after[name].detach().cpu().double().numpy() - before[name].double().numpy() for name in before}
+    norm = math.sqrt(sum(float(np.sum(d * d)) for d in deltas.values()))
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {name: d * scale for name, d in deltas.items()}, int(norm <= clip)
+
+
+def clipped_delta(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+                  clip: float) -> tuple[ArrayRecord, int]:
+    """``clipped_arrays`` cast back to the model's dtypes, as an ArrayRecord."""
+    deltas, under = clipped_arrays(before, after, clip)
+    return delta_record(deltas, before), under
+
+
+def delta_record(deltas: dict[str, np.ndarray], before: dict[str, torch.Tensor]) -> ArrayRecord:
+    """Float64 ``deltas`` cast to the dtypes of the model ``before``."""
+    return ArrayRecord({name: Array(d.astype(before[name].numpy().dtype)) for name, d in deltas.items()})
+
+
+def train(msg: Message, context: Context) -> RecordDict:
+    """Book the round, train on the received model, reply with the clipped delta and its bit."""
+    if not checked_policy(context.node_config).allow_central_user:
+        raise protocol.ProtocolError("this node's policy does not send un-noised updates to a server that adds "
+                                     "the noise (allow-central-user = false)")
+    request = read_user_round(msg, context)
+    charge = Charge(request.entry, (participant_event(request.noise_multiplier),))
+    ordinal = book(request.policy, request.client, charge, request.budget)
     with after_booking(charge.entry):
-        data = node_data(settings, context, policy, model=plan.model)
-        train_round(
-            model, data.features, data.labels, plan, seed=training_seed(policy, context.run_id, ordinal),
-            client=int(cid), round_=server_round, device=default_device(),
-            secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
-        )
-        delta, under = clipped_delta(before, model.cpu().state_dict(), clip)
+        deltas, under = trained_delta(request, context, ordinal)
+        delta = delta_record(deltas, request.before)
     return RecordDict({
         protocol.ARRAYS: delta,
         protocol.PRIVACY: protocol.charge_record(charge),

@@ -33,11 +33,11 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent, DpEvent
-from fedpriv.secagg import graph
+from fedpriv.secagg import SecureSumResult, graph
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
-from server.history import History
+from server.history import History, RoundLog
 from server.ledger import ServerLedger
 from server.secure_sum import secure_sum
 from server.strategy import BudgetedFedAvg
@@ -56,6 +56,15 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
         distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
                           settings.target_epsilon, settings.delta, settings.lattice_rounding, prior),
         secagg_neighbours=settings.secagg_neighbours)
+
+
+def record_survivors(round_log: RoundLog, result: SecureSumResult, cohort: Sequence[int],
+                     nodes: Mapping[int, Assignment]) -> None:
+    """The round's survivors, and why each other member of the ``cohort`` is not one."""
+    for node in cohort:
+        if node not in result.survivors:
+            round_log.failed[nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
+    round_log.survivors = [nodes[n].client_id for n in result.survivors]
 
 
 class DistributedFedAvg(BudgetedFedAvg):
@@ -100,10 +109,7 @@ class DistributedFedAvg(BudgetedFedAvg):
             collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
             timeout=timeout, round_key=entry,
         )
-        for node in cohort:
-            if node not in result.survivors:
-                round_log.failed[self.nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
-        round_log.survivors = [self.nodes[n].client_id for n in result.survivors]
+        record_survivors(round_log, result, cohort, self.nodes)
         ledger = self.ledger.snapshot()
         round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
         round_log.train_seconds = time.perf_counter() - self._round_start

@@ -28,7 +28,7 @@ from flwr.supercore import log
 
 from fedpriv.data import load_dataset
 from fedpriv.federation import protocol
-from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
+from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError, UserNoise
 from fedpriv.models import build_model, model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.privacy.events import DpEvent
@@ -44,6 +44,7 @@ from server.progress import Progress
 from server.state import Checkpoint, ServerState
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 from server.userlevel import UserLevelFedAvg, training_settings
+from server.userlevel_distributed import DistributedUserLevelFedAvg
 
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
@@ -133,10 +134,13 @@ def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assi
               run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]],
               releases: Sequence[tuple[DpEvent, ...]] = ()) -> BudgetedFedAvg:
     """The run's strategy: budget-aware FedAvg of local DP-SGD updates; with ``privacy =
-    "user"``, central user-level DP-FedAvg; with ``"distributed"``, one secure sum and one
-    server step per round."""
+    "user"``, user-level DP-FedAvg (its noise central, or the clients' with ``user-noise =
+    "distributed"``); with ``"distributed"``, one secure sum and one server step per round."""
     options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
                                    seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
+    if settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED:
+        dimension = sum(t.numel() for t in build_model(plan.model, settings.seed).state_dict().values())
+        return DistributedUserLevelFedAvg(settings, ledger, nodes, history, run_key, dimension=dimension, **options)
     if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
         return UserLevelFedAvg(settings, ledger, nodes, history, run_key, **options)
     if settings.privacy is PrivacyMode.DISTRIBUTED:
@@ -169,7 +173,7 @@ def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: Arra
            timeout: float) -> ArrayRecord:
     """One round of training (and federated evaluation where asked); the new global model.
     Replies later than ``timeout`` seconds are not waited for: that node failed the round."""
-    if isinstance(strategy, DistributedFedAvg):
+    if isinstance(strategy, (DistributedFedAvg, DistributedUserLevelFedAvg)):
         arrays = strategy.run_round(grid, server_round, arrays, timeout)
     else:
         replies = send_and_receive(grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid), timeout)

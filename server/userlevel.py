@@ -42,10 +42,11 @@ from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsError
 from fedpriv.privacy import BudgetExceededError, LedgerError, calibrate_noise_multiplier
 from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event, user_round_event
 from fedpriv.seeding import derive_seed
 from server.checks import array_spec
-from server.history import client_order
+from server.history import RoundLog, client_order
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 
@@ -109,12 +110,8 @@ class UserLevelFedAvg(BudgetedFedAvg):
         if self.expected_cohort > population:
             raise SettingsError(f"cohort {self.expected_cohort} exceeds the {population} clients discovered")
         self.sample_rate = self.expected_cohort / population
-        if settings.noise_multiplier is not None:
-            self.noise_multiplier = settings.noise_multiplier
-        else:
-            assert settings.target_epsilon is not None  # RunSettings requires one of them in this mode
-            self.noise_multiplier = calibrate_noise_multiplier(
-                settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds)
+        self.noise_multiplier = settings.noise_multiplier if settings.noise_multiplier is not None else \
+            self.calibrated_noise(settings)
         self.quantile = settings.clip_quantile
         self.clip_lr = settings.clip_lr
         self.count_noise = (settings.clip_count_noise or max(self.expected_cohort / 20, self.noise_multiplier)) \
@@ -123,12 +120,21 @@ class UserLevelFedAvg(BudgetedFedAvg):
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
         self.clip = settings.user_clip
         self.randomness = settings.server_randomness
-        self.event = user_round_event(self.sample_rate, self.noise_multiplier)
+        self.event = self.round_event()
         self._population: list[str] = []
         self._noise = RoundNoise(self.randomness, self.seed, 0)
         if self.randomness is ServerRandomness.SEEDED:
             log(WARNING, "server-randomness = 'seeded': the cohorts and noise follow the run's seed; whoever "
                          "knows the run config can strip the noise (simulations and tests only)")
+
+    def calibrated_noise(self, settings: RunSettings) -> float:
+        """z for ``target-epsilon`` after ``rounds`` rounds of ``round_event``."""
+        assert settings.target_epsilon is not None  # RunSettings requires it without noise-multiplier
+        return calibrate_noise_multiplier(settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds)
+
+    def round_event(self) -> DpEvent:
+        """What one round costs each client of the population (its population-ledger booking)."""
+        return user_round_event(self.sample_rate, self.noise_multiplier)
 
     def resolved(self) -> dict[str, Any]:
         """The user-level settings as they resolved (``results.json``'s ``resolved.user_level``)."""
@@ -204,7 +210,13 @@ class UserLevelFedAvg(BudgetedFedAvg):
         if self.quantile is not None:
             assert self.count_noise is not None
             centred = sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
-            estimate = centred / expected + 0.5
-            self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
-            round_log.train_metrics["under_clip_estimate"] = estimate
+            self.adapt_clip(centred, expected, round_log)
         return ArrayRecord(out), None
+
+    def adapt_clip(self, centred: float, expected: float, round_log: RoundLog) -> None:
+        """Andrew et al.'s step from the noisy centred count Σ(b − ½) + N(0, σ_b²):
+        b̃ = centred / m + ½, S ← S·exp(−η(b̃ − γ))."""
+        assert self.quantile is not None
+        estimate = centred / expected + 0.5
+        self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
+        round_log.train_metrics["under_clip_estimate"] = estimate

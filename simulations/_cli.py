@@ -251,6 +251,10 @@ def federated_parser(dataset: str) -> Parser:
     user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
     user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "
                                                          f"(default: {d['user-clip']})")
+    user.add_argument("--user-noise", choices=["central", "distributed"],
+                      help="central: the server adds the noise (trusted to); distributed: each sampled client adds a "
+                           "discrete Gaussian share under secure aggregation, the server sees only the noisy sum "
+                           f"(default: {d['user-noise']})")
     user.add_argument("--clip-quantile", type=unit_interval,
                       help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
     user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")

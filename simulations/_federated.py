@@ -60,7 +60,7 @@ _KEYS = (
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
     "lattice-rounding", "secagg-neighbours",
-    "cohort", "user-clip", "clip-quantile", "clip-lr", "clip-count-noise",
+    "cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
@@ -178,11 +178,16 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
     made absolute: Ray workers' cwd differs), else from their default cache folder, as the
     server does. In a distributed run every node aggregates only with all ``clients``
     nodes (min-cohort), tolerating no dropout or collusion: its share is 1/K of the noise; with
-    ``secagg-neighbours`` k, it accepts SecAgg+'s sparse graph of k neighbours (no fewer)."""
+    ``secagg-neighbours`` k, it accepts SecAgg+'s sparse graph of k neighbours (no fewer). In a
+    distributed user-level run its min-cohort is half the expected cohort (rounded up): a
+    Poisson cohort below it is refused, and each share is sized for that many."""
     data_dir = {"data-dir": str(Path(run_config["data-dir"]).resolve())} if run_config.get("data-dir") else {}
     neighbours = int(run_config.get("secagg-neighbours", 0))
+    user = run_config.get("privacy") == "user"
     distributed = {"allow-distributed": True, "min-cohort": clients} if run_config.get("privacy") == "distributed" \
         else {}
+    if user and run_config.get("user-noise") == "distributed":
+        distributed = {"allow-distributed": True, "min-cohort": math.ceil((run_config.get("cohort") or clients) / 2)}
     if distributed and neighbours:
         distributed["min-secagg-neighbours"] = neighbours
     return {
@@ -196,7 +201,7 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
         **distributed,
-        "allow-central-user": run_config.get("privacy") == "user",  # the command runs the server it trusts
+        "allow-central-user": user and run_config.get("user-noise") != "distributed",  # it runs the server it trusts
         **data_dir,
     }
 

@@ -87,12 +87,27 @@ def distributed_contribution(
     total = torch.zeros(dimension, dtype=torch.int64, device=features.device)
     for batch in micro_batches(lot, max_physical_batch_size):
         rows = clipped_rows(model, params, *examples_at(features, labels, batch), loss_fn, lattice.max_grad_norm)
-        rows.mul_(lattice.scale)
-        rounded = nearest_rows(rows, lattice.sensitivity) if lattice.rounding is Rounding.NEAREST else \
-            rounded_rows(rows, lattice.sensitivity, rounding_generator)
-        total += rounded.sum(0).to(torch.int64)
-    noisy = total.cpu().numpy() + discrete_gaussian(noise_stddev, dimension, noise_generator)
-    return Contribution(vector=np.mod(noisy, lattice.modulus).astype(np.uint64), lot_size=int(lot.numel()))
+        total += rounded_sum(rows, lattice, rounding_generator)
+    return Contribution(vector=noised_vector(total.cpu().numpy(), lattice, noise_stddev, noise_generator),
+                        lot_size=int(lot.numel()))
+
+
+def rounded_sum(rows: torch.Tensor, lattice: Lattice, generator: torch.Generator | None) -> torch.Tensor:
+    """(d,) int64: the sum of ``rows`` ((B, d) float64, each of norm ≤ C in gradient units;
+    scaled in place) put on the lattice and rounded with ``lattice.rounding``, every rounded
+    row of norm ≤ Δ₂. ``generator``: conditional rounding's draws (None: the OS CSPRNG)."""
+    rows.mul_(lattice.scale)
+    rounded = nearest_rows(rows, lattice.sensitivity) if lattice.rounding is Rounding.NEAREST else \
+        rounded_rows(rows, lattice.sensitivity, generator)
+    return rounded.sum(0).to(torch.int64)
+
+
+def noised_vector(total: np.ndarray, lattice: Lattice, noise_stddev: float,
+                  generator: np.random.Generator | None) -> np.ndarray:
+    """What goes into secure aggregation: (``total`` + a discrete Gaussian share of std
+    ``noise_stddev``) mod 2^bits, uint64 (``generator``: seeded numpy, or None for OpenDP)."""
+    noisy = total + discrete_gaussian(noise_stddev, lattice.dimension, generator)
+    return np.mod(noisy, lattice.modulus).astype(np.uint64)
 
 
 def clipped_rows(

@@ -21,6 +21,7 @@ from fedpriv.models import build_model
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.userlevel import count_scale
 from fedpriv.training import TrainingPlan
 
 
@@ -91,15 +92,31 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
         share = calibrate_distributed_noise(target_epsilon, delta, q, rounds, cohort, lattice.sensitivity, dimension,
                                             prior_events=prior_events)
         plan = dataclasses.replace(plan, noise_multiplier=share * math.sqrt(cohort) / lattice.clip)
-    lattice = _with_headroom(lattice, math.ceil(total_examples), plan.noise_multiplier * lattice.clip)
+    lattice = with_headroom(lattice, math.ceil(total_examples), plan.noise_multiplier * lattice.clip)
     return DistributedSetup(plan, q, lattice, cohort)
+
+
+def user_level_lattice(clip: float, dimension: int, rounding: Rounding, max_clients: int,
+                       noise_multiplier: float, count_noise: float | None = None) -> Lattice:
+    """The lattice of distributed user-level rounds (``server.userlevel_distributed``): model
+    deltas (``dimension`` d) clipped to S = ``clip`` encoded as one clipped example is here
+    (``fine_scale``'s scale for S and d, ``rounding``), and the smallest modulus in which the
+    sum of ``max_clients`` vectors cannot wrap, even if each carried a whole z·c share of
+    noise (``noise_multiplier`` z, or z_Δ). With ``count_noise`` (adaptive clipping) one more
+    coordinate holds the bit, (2b − 1)·k (``count_scale``), so the lattice has d + 1."""
+    dimensions = dimension + (count_noise is not None)
+    lattice = Lattice(fine_scale(clip, dimensions, rounding=rounding), clip, dimensions, rounding=rounding)
+    bound = lattice.sensitivity if count_noise is None or noise_multiplier == 0 else \
+        math.hypot(lattice.sensitivity, count_scale(noise_multiplier * lattice.clip, count_noise))
+    return with_headroom(lattice, math.ceil(max_clients * bound / lattice.sensitivity),
+                         noise_multiplier * lattice.clip * math.sqrt(max_clients))
 
 
 MODULUS_BITS = (32, 40, 48, 56, 62)
 """Secure aggregation's moduli, smallest first: each word is 4 bytes up to 32 bits, else 8."""
 
 
-def _with_headroom(lattice: Lattice, max_lot: int, total_noise_stddev: float) -> Lattice:
+def with_headroom(lattice: Lattice, max_lot: int, total_noise_stddev: float) -> Lattice:
     """``lattice`` with the smallest modulus in which a sum of ``max_lot`` examples and the
     noise cannot wrap (``check_headroom``; its ValueError when none is large enough)."""
     for bits in MODULUS_BITS:

@@ -35,10 +35,11 @@ Keys (kebab-case, as in ``--node-config``):
   ``~/.cache/fedpriv``. A folder named in a request or the run config is never read, and
   nothing is downloaded: which data a node holds is its own.
 - ``allow-distributed`` (default false): take part in distributed-DP rounds
-  (``privacy = "distributed"``): the node adds a share of integer noise to its contribution
-  and sends it only through secure aggregation. ``min-cohort`` (default 2) is the fewest
-  nodes it will aggregate with, ``max-dropouts`` and ``max-colluders`` (default 0 each) how
-  many of them may drop out after masking or collude with the server. The node sizes its
+  (``privacy = "distributed"``, and user level with ``user-noise = "distributed"``): the
+  node adds a share of integer noise to its contribution and sends it only through secure
+  aggregation. ``min-cohort`` (default 2) is the fewest nodes it will aggregate with,
+  ``max-dropouts`` and ``max-colluders`` (default 0 each) how many of them may drop out
+  after masking or collude with the server. The node sizes its
   noise share so that the ``min-cohort − max-dropouts − max-colluders`` honest survivors
   it is guaranteed already carry the whole noise, and books that worst case
   (``honest_shares``), whatever cohort the server claims.
@@ -48,9 +49,10 @@ Keys (kebab-case, as in ``--node-config``):
   other cohort member a neighbour. Sparse graphs trust the server to draw the graph at
   random (``docs/threat-model.md``).
 - ``allow-central-user`` (default false): take part in central user-level rounds
-  (``privacy = "user"``): the node sends its clipped model delta *without noise* and trusts
-  the server to add the noise it names; it books ``participant_event(z)`` for the z the
-  server says it adds (``docs/user-level.md``). Off, the node refuses such rounds.
+  (``privacy = "user"``, ``user-noise = "central"``): the node sends its clipped model
+  delta *without noise* and trusts the server to add the noise it names; it books
+  ``participant_event(z)`` for the z the server says it adds (``docs/user-level.md``).
+  Off, the node refuses such rounds.
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never

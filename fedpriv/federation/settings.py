@@ -37,6 +37,18 @@ class PrivacyMode(StrEnum):
     USER = "user"
 
 
+class UserNoise(StrEnum):
+    """Who adds a user-level round's noise (``docs/user-level.md``).
+
+    - ``central``: the server, trusted to (the default).
+    - ``distributed``: each sampled client adds a discrete Gaussian share to its encoded
+      delta under secure aggregation; the server sees only the noisy sum.
+    """
+
+    CENTRAL = "central"
+    DISTRIBUTED = "distributed"
+
+
 class ServerRandomness(StrEnum):
     """Where a central user-level server draws its cohorts and noise (``docs/user-level.md``).
 
@@ -106,6 +118,7 @@ class RunSettings:
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
     server_randomness: ServerRandomness = ServerRandomness.SECURE
+    user_noise: UserNoise = UserNoise.CENTRAL
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -156,6 +169,12 @@ class RunSettings:
             raise SettingsError(f"clip-quantile must be in (0, 1) (0: fixed clipping), got {self.clip_quantile}")
         if self.privacy is PrivacyMode.USER and self.noise_multiplier is None and self.target_epsilon is None:
             raise SettingsError("privacy = 'user' needs noise-multiplier (z) or target-epsilon")
+        if self.user_noise is UserNoise.DISTRIBUTED and self.privacy is not PrivacyMode.USER:
+            raise SettingsError("user-noise = 'distributed' is a user-level mode: it needs privacy = 'user'")
+        if self.user_noise is UserNoise.DISTRIBUTED and self.clip_quantile is not None \
+                and self.target_epsilon is not None:
+            raise SettingsError("adaptive clipping (clip-quantile) with user-noise = 'distributed' needs "
+                                "noise-multiplier: each round's lattice follows S, so z is not calibrated")
         quantile, count_noise, z = self.clip_quantile, self.clip_count_noise, self.noise_multiplier
         if quantile is not None and count_noise is not None and z is not None and not 2 * count_noise > z:
             raise SettingsError(f"clip-count-noise {self.clip_count_noise} must exceed half the noise multiplier "
@@ -189,7 +208,8 @@ _INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_tra
 
 
 _ENUMS: dict[str, type[StrEnum]] = {"partition": Partition, "privacy": PrivacyMode,
-                                     "server_randomness": ServerRandomness, "lattice_rounding": Rounding}
+                                     "server_randomness": ServerRandomness, "lattice_rounding": Rounding,
+                                     "user_noise": UserNoise}
 
 
 def _parse(field: str, value: Any) -> Any:

@@ -3,7 +3,8 @@
 - TRAIN: the usual "arrays" and "config" (the local-training plan, ``server-round``,
   ``run-key``) plus ``user-clip`` (S, this round's bound on the delta) and
   ``user-noise-multiplier`` (z, the round's whole noise multiplier, which the server says it
-  adds: the node books ``participant_event(z)``).
+  adds: the node books ``participant_event(z)``); with distributed noise and adaptive
+  clipping also ``clip-count-noise`` (σ_b, which fixes the bit's share of the noise).
 - TRAIN reply: "arrays" holds the clipped model *delta* (not the model), "privacy" the
   charge, and the ``MetricRecord`` "user" the bit ``under-clip`` = 1[‖Δ‖ ≤ S] that adaptive
   clipping counts.
@@ -21,11 +22,23 @@ USER_CLIP = "user-clip"
 USER_NOISE = "user-noise-multiplier"
 USER = "user"
 UNDER_CLIP = "under-clip"
+COUNT_NOISE = "clip-count-noise"
 
 
 def user_round_config(clip: float, noise_multiplier: float) -> dict[str, float]:
     """The keys a user-level TRAIN adds to the plan's."""
     return {USER_CLIP: clip, USER_NOISE: noise_multiplier}
+
+
+def read_count_noise(config: Mapping[str, Any]) -> float | None:
+    """σ_b of a distributed user-level round with adaptive clipping (None: fixed clipping);
+    ``ProtocolError`` unless finite and > 0."""
+    value = config.get(COUNT_NOISE)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ProtocolError(f"'{COUNT_NOISE}' must be finite and > 0, got {value!r}")
+    return float(value)
 
 
 def read_user_round(config: Mapping[str, Any]) -> tuple[float, float]:

@@ -75,7 +75,7 @@ def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
 def _add_plan(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="each privacy mode's noise, epsilon per round and noise-to-signal for a "
                                        "federation's shape (reads no data and no ledger)")
-    plan.add_argument("--privacy", action="append", choices=["local", "distributed", "user"],
+    plan.add_argument("--privacy", action="append", choices=["local", "distributed", "user", "user-distributed"],
                       help="a mode to plan (repeat for several; default: all, side by side)")
     plan.add_argument("--population", type=_count("population"), required=True, help="clients in the federation")
     plan.add_argument("--cohort", type=_count("cohort"), help="clients per round (default: all)")

@@ -11,6 +11,10 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
 - ``user``: user-level DP-FedAvg, q = cohort / population, one ``user_round_event(q, z)`` per
   round for every client, z calibrated by ``calibrate_noise_multiplier(ε, δ, q, R)``
   (``dpsgd_event(z, q, R)`` is exactly R such rounds).
+- ``user-distributed``: user level with the clients' noise shares under SecAgg+
+  (``server.userlevel_distributed``): the same q, ``distributed_user_round_event`` for the
+  nominal ⌊m⌋ shares carrying z·c on the lattice of S = 1 for the data set's default model
+  (Δ₂/c ≤ 1.001 whatever S), z calibrated on it by ``calibrate_distributed_noise``.
 - ``distributed``: one DP-SGD step per round on the union (``fedpriv.distributed.setup``, what
   the server runs: q = lot / ΣN, the lattice, σ for the nominal cohort of ``cohort`` shares
   under Zhu & Wang's subsampling bound), over as many steps as local mode takes in
@@ -30,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
-from fedpriv.privacy.calibration import calibrate_noise_multiplier
+from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, SelfComposedEvent
-from fedpriv.privacy.userlevel import user_round_event
+from fedpriv.privacy.userlevel import distributed_user_round_event, user_round_event
 
 MAX_ROUNDS = 1_000_000
 """The most rounds ``rounds_affordable`` looks for."""
@@ -114,6 +118,29 @@ def plan_user(fed: Federation) -> dict[str, Any]:
                  expected_cohort=fed.expected_cohort, unit="S per client, per round")
 
 
+def plan_user_distributed(fed: Federation) -> dict[str, Any]:
+    """User-level DP-FedAvg whose noise the cohort adds: the population ledger's event for z
+    (given, or calibrated for ``rounds`` rounds)."""
+    from fedpriv.distributed.lattice import Rounding
+    from fedpriv.distributed.setup import user_level_lattice
+    from fedpriv.models import build_model
+    from fedpriv.training import default_plan
+
+    q, shares = fed.expected_cohort / fed.population, fed.expected_cohort
+    dimension = sum(t.numel() for t in build_model(default_plan(fed.dataset).model, 0).state_dict().values())
+    lattice = user_level_lattice(1.0, dimension, Rounding.NEAREST, fed.population, fed.noise_multiplier or 0.0)
+    z = fed.noise_multiplier
+    if z is None:
+        assert fed.target_epsilon is not None  # Federation checked it
+        share = calibrate_distributed_noise(fed.target_epsilon, fed.delta, q, fed.rounds, shares,
+                                            lattice.sensitivity, dimension, accountant=fed.accountant)
+        z = share * math.sqrt(shares) / lattice.clip
+    event = distributed_user_round_event(q, lattice.noise_stddev(z, shares), shares, lattice.sensitivity, dimension)
+    return _mode(fed, "user-distributed", event, z, q, z / fed.expected_cohort, expected_cohort=fed.expected_cohort,
+                 shares=shares, sensitivity_inflation=lattice.sensitivity / lattice.clip,
+                 unit="S per client, per round")
+
+
 def plan_local(fed: Federation) -> dict[str, Any]:
     """Record-level DP-SGD on each node, planned as ``server.assign`` plans it; the client
     of the fewest records (the largest q with a per-client lot) is the one reported."""
@@ -163,7 +190,7 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
 
 
 PLANNERS: dict[str, Callable[[Federation], dict[str, Any]]] = {
-    "local": plan_local, "distributed": plan_distributed, "user": plan_user,
+    "local": plan_local, "distributed": plan_distributed, "user": plan_user, "user-distributed": plan_user_distributed,
 }
 
 

@@ -13,13 +13,33 @@ A node that took part books the round against its *records*: one record added or
 moves its clipped delta anywhere within the S-ball (by ≤ 2S) and its bit by ≤ 1, so the
 round is ``GaussianEvent(z / 2)`` to its records (no amplification by the server's
 sampling, which the node cannot check); a round it was not sampled in never read them.
+
+**Distributed noise** (``user-noise = "distributed"``): each sampled client encodes its
+clipped delta on an integer lattice (scale γ: norm ≤ c = S·γ, rounded to norm ≤ Δ₂, the
+rounding's inflation Δ₂/c) and adds a discrete Gaussian share; secure aggregation reveals
+only the sum. The population's round is ``distributed_user_round_event``: Poisson q, n
+shares whose sum carries z·c, on sensitivity Δ₂ — Gaussian(z·c/Δ₂) on a fine lattice.
+A participant's records: its encoded delta moves by ≤ 2Δ₂ under a record change, against
+the n shares its own policy guarantees (``distributed_participant_event``).
+
+With adaptive clipping the centred bit rides in the same vector as one more coordinate,
+(2b − 1)·k for the integer k = ``count_scale``(z_Δ·c, σ_b): the shares' noise z_Δ·c on it is
+2σ_b·k, i.e. σ_b on Σ(b − ½), Andrew et al.'s split. A client's removal moves the vector
+by ≤ √(Δ₂² + k²) (a record's change by twice that), so the events take that sensitivity
+and d + 1 coordinates; their multiplier z_Δ·c/√(Δ₂² + k²) is z up to Δ₂/c and k's rounding.
 """
 
 from __future__ import annotations
 
 import math
 
-from fedpriv.privacy.events import DpEvent, GaussianEvent, PoissonSampledEvent, check_sample_rate
+from fedpriv.privacy.events import (
+    DistributedDiscreteGaussianEvent,
+    DpEvent,
+    GaussianEvent,
+    PoissonSampledEvent,
+    check_sample_rate,
+)
 
 
 def user_round_event(sample_rate: float, noise_multiplier: float) -> DpEvent:
@@ -30,6 +50,33 @@ def user_round_event(sample_rate: float, noise_multiplier: float) -> DpEvent:
 def participant_event(noise_multiplier: float) -> DpEvent:
     """What one round a node took part in costs its records (sensitivity 2S, noise zS)."""
     return GaussianEvent(noise_multiplier / 2)
+
+
+def distributed_user_round_event(sample_rate: float, noise_stddev: float, shares: int, sensitivity: float,
+                                 dimension: int) -> DpEvent:
+    """What one round costs each client of the population when ``shares`` discrete Gaussian
+    shares of std ``noise_stddev`` (lattice units) noise the sum of encoded deltas, each of
+    norm ≤ ``sensitivity`` (Δ₂) in Z^``dimension``: a client's removal moves the sum by ≤ Δ₂."""
+    return PoissonSampledEvent(check_sample_rate(sample_rate),
+                               DistributedDiscreteGaussianEvent(noise_stddev, shares, sensitivity, dimension))
+
+
+def distributed_participant_event(noise_stddev: float, shares: int, sensitivity: float, dimension: int) -> DpEvent:
+    """What one distributed round a node took part in costs its records: a record changed
+    moves its encoded delta within the Δ₂-ball (by ≤ 2Δ₂); ``shares`` honest shares of
+    ``noise_stddev`` (its own policy's), no amplification by the server's sampling."""
+    return DistributedDiscreteGaussianEvent(noise_stddev, shares, 2 * sensitivity, dimension)
+
+
+def count_scale(delta_noise_stddev: float, count_noise: float) -> int:
+    """k, the integer the centred bit 2b − 1 is multiplied by on the lattice, so that noise of
+    std ``delta_noise_stddev`` (z_Δ·c, lattice units) on its coordinate is ``count_noise``
+    (σ_b) on Σ(b − ½): k = max(1, round(z_Δ·c / (2σ_b)))."""
+    if not (math.isfinite(delta_noise_stddev) and delta_noise_stddev > 0 and math.isfinite(count_noise)
+            and count_noise > 0):
+        raise ValueError(f"need a finite noise > 0 and clip-count-noise > 0, got {delta_noise_stddev!r}, "
+                         f"{count_noise!r}")
+    return max(1, round(delta_noise_stddev / (2 * count_noise)))
 
 
 def delta_noise_multiplier(noise_multiplier: float, count_noise: float) -> float:

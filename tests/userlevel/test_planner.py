@@ -90,9 +90,9 @@ def test_the_command_prints_each_mode_side_by_side_and_writes_json(tmp_path, cap
                  "--target-epsilon", "3", "--delta", "1e-5", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     header = printed.splitlines()[0].split()
-    assert header == ["local", "distributed", "user"] and "needs issue" not in printed
+    assert header == ["local", "distributed", "user", "user-distributed"] and "needs issue" not in printed
     written = json.loads(out.read_text())
-    assert set(written["modes"]) == {"local", "distributed", "user"}
+    assert set(written["modes"]) == {"local", "distributed", "user", "user-distributed"}
     assert len(written["modes"]["user"]["epsilon"]) == 4
     assert written["modes"]["user"]["epsilon"][-1] <= 3.0
 
@@ -110,5 +110,5 @@ def test_the_simulations_dry_run_prints_the_plan_of_its_flags_and_trains_nothing
     expected = plan(Federation(population=NODES, cohort=1, rounds=ROUNDS, delta=DELTA, sizes=sizes, lot_size=LOT,
                                target_epsilon=TARGET))
     assert result == expected
-    assert capsys.readouterr().out.splitlines()[0].split() == ["local", "distributed", "user"]
+    assert capsys.readouterr().out.splitlines()[0].split() == ["local", "distributed", "user", "user-distributed"]
     assert not out.exists()

@@ -1,0 +1,76 @@
+"""A node's part in a distributed user-level round (``privacy = "user"``, ``user-noise =
+"distributed"``; ``server.userlevel_distributed``).
+
+The round is a secure sum (``clients.distributed.train``: only with ``allow-distributed``;
+the cohort, survivor and threshold checks of the node's own policy). The node does *not*
+trust the server with its delta nor with the noise, so ``allow-central-user`` is not needed.
+When its masked vector is due (``contribute``), it:
+
+- sizes its discrete Gaussian share for the honest survivors its policy guarantees,
+  n = ``policy.honest_shares`` (never the server's cohort or population): s = z·S·scale/√n,
+  so that n honest shares alone carry z·S·scale;
+- books ``distributed_participant_event(s, n, Δ₂, d)`` (its records' view: a record changed
+  moves the encoded delta by ≤ 2Δ₂) in its durable ledger before it trains;
+- trains with the plain local plan, clips its whole model delta to S, encodes it on the
+  lattice exactly as a distributed DP-SGD step encodes a clipped example
+  (``fedpriv.distributed.contribution.rounded_sum``) and adds its share mod 2^bits
+  (``noised_vector``). The delta is flattened in the model's ``state_dict`` order.
+
+With adaptive clipping (the round names ``clip-count-noise`` σ_b) the vector has one more
+coordinate, (2b − 1)·k (``fedpriv.privacy.userlevel.count_scale``), the share is sized on
+z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) and the booked sensitivity is 2√(Δ₂² + k²).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import Context, Message, RecordDict
+
+from clients.distributed import read_encoding
+from clients.failures import after_booking
+from clients.releases import book
+from clients.task import training_seed
+from clients.userlevel import read_user_round, trained_delta
+from fedpriv.distributed.contribution import noised_vector, rounded_sum
+from fedpriv.federation import protocol, userlevel
+from fedpriv.federation.policy import Randomness
+from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.userlevel import count_scale, delta_noise_multiplier, distributed_participant_event
+from fedpriv.secagg.node import StageInfo
+from fedpriv.seeding import derive_seed, generator
+
+
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
+    """Book the round in the node's ledger, then train and compute its vector."""
+    request = read_user_round(msg, context)
+    config = msg.content.config_records[protocol.CONFIG]
+    count_noise = userlevel.read_count_noise(config)  # None: fixed clipping
+    dimension = sum(t.numel() for t in request.before.values())
+    lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
+    if lattice.dimension != stage.dimension:  # refused before booking: the sum would not take the vector
+        raise protocol.ProtocolError(f"the secure sum has dimension {stage.dimension}, this round's vector "
+                                     f"{lattice.dimension}")
+    multiplier = request.noise_multiplier if count_noise is None else \
+        delta_noise_multiplier(request.noise_multiplier, count_noise)
+    shares = request.policy.honest_shares
+    share = lattice.noise_stddev(multiplier, shares)
+    bit_scale = 0 if count_noise is None else count_scale(multiplier * lattice.clip, count_noise)
+    event = distributed_participant_event(share, shares, math.hypot(lattice.sensitivity, bit_scale), lattice.dimension)
+    charge = Charge(request.entry, (event,))
+    ordinal = book(request.policy, request.client, charge, request.budget)
+    with after_booking(charge.entry):
+        deltas, under = trained_delta(request, context, ordinal)
+        flat = torch.from_numpy(np.concatenate([d.ravel() for d in deltas.values()]))
+        secure = request.policy.randomness is Randomness.SECURE
+        seed, cid, server_round = training_seed(request.policy, context.run_id, ordinal), int(request.client), \
+            request.server_round
+        total = rounded_sum(flat.unsqueeze(0), lattice,
+                            None if secure else generator(seed, "rounding", cid, server_round)).numpy()
+        if count_noise is not None:
+            total = np.append(total, (2 * under - 1) * bit_scale)
+        vector = noised_vector(total, lattice, share,
+                               None if secure else np.random.default_rng(derive_seed(seed, "noise", cid, server_round)))
+    return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})

@@ -1,0 +1,163 @@
+"""Distributed user-level DP-FedAvg (``privacy = "user"``, ``user-noise = "distributed"``):
+whole clients protected, and the noise added by the clients under secure aggregation, so
+the server sees only the noisy sum (``docs/user-level.md``).
+
+As central user level (``server.userlevel``): the population ledger books every client of
+P each round before anything is sent, the cohort is Poisson at q = cohort / population,
+and the model moves by the decoded sum divided by the expected cohort m = q·|P|. What
+differs:
+
+- the cohort's deltas, clipped to S, are encoded on one lattice for the run
+  (``fedpriv.distributed.setup.user_level_lattice``: scale, rounding and modulus as
+  distributed mode picks them) and summed by SecAgg+ (``server.secure_sum``); each node adds
+  its discrete Gaussian share (``clients.userlevel_distributed``);
+- the population ledger books ``distributed_user_round_event``: the nominal shares
+  n = max(1, ⌊m⌋) that together carry z·S·scale, on the encoding's sensitivity Δ₂ (so z·c/Δ₂
+  is the round's Gaussian multiplier: the rounding's inflation is paid, not ignored); with
+  ``target-epsilon`` z is calibrated on that event;
+- a round with no cohort, or whose secure sum fails (too few survivors, a node's refusal),
+  is discarded: without the nodes' shares there is no noise, so nothing is stepped.
+
+Adaptive clipping: the bit rides in the same secure sum as one more coordinate,
+(2b − 1)·k (``fedpriv.privacy.userlevel.count_scale``), under the same shares, whose noise
+z_Δ·S·scale is σ_b on the centred count: Andrew et al.'s split, and the round one event of
+sensitivity √(Δ₂² + k²) on d + 1 coordinates. S changes each round, and with it the lattice
+and the event booked (so z is given, not calibrated: ``RunSettings`` refuses
+``target-epsilon`` here).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fedpriv.distributed.contribution import decode_sum
+from fedpriv.distributed.lattice import Lattice
+from fedpriv.distributed.setup import user_level_lattice
+from fedpriv.federation import protocol, userlevel
+from fedpriv.federation.settings import RunSettings
+from fedpriv.privacy.calibration import calibrate_distributed_noise
+from fedpriv.privacy.events import DpEvent
+from fedpriv.privacy.userlevel import count_scale, distributed_user_round_event
+from fedpriv.secagg import graph
+from server.distributed import record_survivors
+from server.secure_sum import secure_sum
+from server.userlevel import UserLevelFedAvg
+
+
+class DistributedUserLevelFedAvg(UserLevelFedAvg):
+    """User-level DP-FedAvg whose noise the cohort adds under secure aggregation."""
+
+    def __init__(self, settings: RunSettings, *args: Any, dimension: int, **kwargs: Any) -> None:
+        self.dimension, self.rounding = dimension, settings.lattice_rounding
+        self.neighbours = settings.secagg_neighbours
+        self.lattice: Lattice | None = None
+        super().__init__(settings, *args, **kwargs)
+
+    @property
+    def nominal_shares(self) -> int:
+        """The shares the population ledger's event splits z·S·scale into: ⌊m⌋, at least 1."""
+        return max(1, math.floor(self.expected_cohort))
+
+    def _lattice(self, clip: float, noise_multiplier: float, count_noise: float | None) -> Lattice:
+        return user_level_lattice(clip, self.dimension, self.rounding, len(self.nodes), noise_multiplier, count_noise)
+
+    @property
+    def bit_scale(self) -> int:
+        """k of the bit's coordinate (0: fixed clipping, no such coordinate)."""
+        if self.count_noise is None:
+            return 0
+        assert self.lattice is not None
+        return count_scale(self.delta_multiplier * self.lattice.clip, self.count_noise)
+
+    def calibrated_noise(self, settings: RunSettings) -> float:
+        """z for ``target-epsilon`` after ``rounds`` rounds of the distributed event (the
+        modulus, chosen once z is known, does not enter it)."""
+        assert settings.target_epsilon is not None
+        lattice = self._lattice(settings.user_clip, 0.0, None)  # fixed clipping (RunSettings)
+        share = calibrate_distributed_noise(settings.target_epsilon, settings.delta, self.sample_rate,
+                                            settings.rounds, self.nominal_shares, lattice.sensitivity, self.dimension)
+        return share * math.sqrt(self.nominal_shares) / lattice.clip
+
+    def round_event(self) -> DpEvent:
+        """For the current S: Poisson q of the nominal shares, summing to z_Δ·S·scale, on
+        sensitivity Δ₂ (√(Δ₂² + k²) with the bit's coordinate)."""
+        self.lattice = self._lattice(self.clip, self.delta_multiplier, self.count_noise)
+        return distributed_user_round_event(
+            self.sample_rate, self.lattice.noise_stddev(self.delta_multiplier, self.nominal_shares),
+            self.nominal_shares, math.hypot(self.lattice.sensitivity, self.bit_scale), self.lattice.dimension)
+
+    def resolved(self) -> dict[str, Any]:
+        """Central user level's, with the noise's origin and the lattice."""
+        resolved = super().resolved()
+        assert self.lattice is not None
+        resolved["user_level"] |= {
+            "user_noise": "distributed", "nominal_shares": self.nominal_shares, "lattice_scale": self.lattice.scale,
+            "dimension": self.dimension, "sensitivity": self.lattice.sensitivity,
+            "sensitivity_inflation": self.lattice.sensitivity / self.lattice.clip,
+            "modulus_bits": self.lattice.modulus_bits, "lattice_rounding": str(self.lattice.rounding),
+            "node_event": "DistributedDiscreteGaussianEvent(z_Δ·S·scale/√n, n, 2√(Δ₂² + k²), d (+ 1)) per round "
+                          "taken part in, n = the node's min-cohort − max-dropouts − max-colluders"}
+        return resolved
+
+    def train_config(self, server_round: int) -> dict[str, Any]:
+        """S and z (and σ_b when adaptive), and the lattice the deltas are encoded on."""
+        assert self.lattice is not None
+        count = {} if self.count_noise is None else {userlevel.COUNT_NOISE: self.count_noise}
+        return {**super().train_config(server_round), **count, protocol.LATTICE_SCALE: self.lattice.scale,
+                protocol.MODULUS_BITS: self.lattice.modulus_bits,
+                protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
+
+    def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
+        """Book the population, sample the cohort, securely sum its encoded noisy deltas and
+        move the model by the decoded sum / m; the old model when the round is discarded."""
+        self._round_start = time.perf_counter()
+        self._admit_new(grid, set(grid.get_node_ids()))
+        self.event = self.round_event()  # this round's S: its lattice and event
+        assert self.lattice is not None
+        cohort = self._sample_and_book(server_round, grid, evaluate=False)
+        self._global, self._sent = arrays, {}
+        round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
+        expected = self.sample_rate * len(self._population)
+        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
+                                   "expected_cohort": expected}
+        entry = protocol.train_entry(self.run_key, server_round)
+
+        def content(node: int) -> RecordDict:
+            config = ConfigRecord({**self.nodes[node].config, **self.train_config(server_round),
+                                   protocol.SERVER_ROUND: server_round, protocol.RUN_KEY: self.run_key})
+            return RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
+
+        result = secure_sum(grid, cohort, dimension=self.lattice.dimension, modulus_bits=self.lattice.modulus_bits,
+                            threshold=graph.threshold(len(cohort), self.neighbours), collect_content=content,
+                            timeout=timeout, round_key=entry, neighbours=self.neighbours) if cohort else None
+        if result is not None:
+            record_survivors(round_log, result, cohort, self.nodes)
+        if self.close_round(round_log, len(result.survivors) if result else 0):
+            return arrays
+        if result is None or result.sum is None:
+            round_log.discarded = ("no client sampled" if result is None else
+                                   f"secure aggregation gave no sum: {result.reason}") + \
+                "; no noise shares to release: the previous model is kept"
+            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
+            return arrays
+        log(INFO, "Round %d: secure sum of %d of %d clients, divided by the expected cohort %.1f",
+            server_round, len(result.survivors), len(cohort), expected)
+        flat = decode_sum(result.sum, self.lattice).numpy()
+        if self.count_noise is not None:  # the last coordinate: Σ(2b − 1)·k + noise, in lattice units / scale
+            bit_scale, flat = self.bit_scale, flat.copy()
+            self.adapt_clip(float(flat[-1]) * self.lattice.scale / (2 * bit_scale), expected, round_log)
+            flat = flat[:-1]
+        mean, out, offset = flat / expected, {}, 0
+        for name, array in arrays.items():
+            values = array.numpy()
+            part = mean[offset:offset + values.size].reshape(values.shape)
+            offset += values.size
+            out[name] = Array((values.astype(mean.dtype) + part).astype(values.dtype))
+        return ArrayRecord(out)
