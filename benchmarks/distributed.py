@@ -19,6 +19,10 @@ Writes ``{"points": [{"mode", "clients", "accuracy", "epsilon", "noise_multiplie
 "steps", "seconds"}, ...]}`` (federated points add ``rounds`` and ``round_seconds``, the
 mean time of a round's training phase: secure aggregation's overhead against local mode);
 the centralized point has clients 1.
+
+``--from F.json [G.json ...]`` runs nothing: it merges earlier reports (each point keeps its
+report's partition), prints the table and writes ``--out`` and ``--plot`` (the README's
+figure is ``distributed-quick.json`` with ``distributed-quick-100-dirichlet.json``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
                    help="distributed mode: SecAgg+ neighbours per node (even; 0: all others)")
     p.add_argument("--data-dir")
+    p.add_argument("--from", dest="reports", nargs="+", type=Path, metavar="JSON",
+                   help="merge these reports instead of running (table, --out, --plot)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON results")
     p.add_argument("--plot", help="PNG: accuracy against clients, one line per mode")
@@ -72,8 +78,25 @@ def _run(command: list[str]) -> tuple[dict[str, Any], float]:
     return json.loads((out / "results.json" if out.is_dir() else out).read_text()), seconds
 
 
+def merged(paths: list[Path]) -> dict[str, Any]:
+    """The points of several reports (of the same ε, δ and steps), each with its partition."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    keys = ("target_epsilon", "delta", "epochs", "limit_train")
+    if any(tuple(r[k] for k in keys) != tuple(reports[0][k] for k in keys) for r in reports):
+        raise SystemExit(f"error: the reports differ in one of {', '.join(keys)}")
+    points = [{**p, "partition": p.get("partition", "-" if p["mode"] == "centralized" else _partition(r))}
+              for r in reports for p in r["points"]]
+    return {**{k: reports[0][k] for k in keys}, "merged_from": [str(path) for path in paths], "points": points}
+
+
+def _partition(report: dict[str, Any]) -> str:
+    return f"dirichlet {report['alpha']:g}" if report.get("partition") == "dirichlet" else "iid"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    if args.reports:
+        return _write(merged(args.reports), args)
     plan = default_plan(DATASET)
     epochs = args.epochs or default_epochs(DATASET, args.target_epsilon)
     target = ["--target-epsilon", str(args.target_epsilon)]
@@ -107,7 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                         "--fraction-evaluate", "0", "--out", out])
                 resolved = result["resolved"]
                 sigma = resolved.get("noise_multiplier") or next(iter(resolved["clients"].values()))["noise_multiplier"]
-                points.append({"mode": mode, "clients": clients, "accuracy": result["final_accuracy"],
+                points.append({"mode": mode, "clients": clients, "partition": _partition(vars(args)),
+                               "accuracy": result["final_accuracy"],
                                "epsilon": max(result["node_epsilon"].values()), "noise_multiplier": sigma,
                                "steps": steps, "seconds": seconds, "rounds": len(result["rounds"]),
                                "round_seconds": statistics.mean(r["train_seconds"] for r in result["rounds"])})
@@ -116,20 +140,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "delta": args.delta, "epochs": epochs,
               "limit_train": args.limit_train, "partition": args.partition,
               "alpha": args.alpha if args.partition == "dirichlet" else None, "points": points}
+    return _write(report, args)
+
+
+def _write(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(table(points))
+    print(table(report["points"]))
     if args.plot:
         plot(report, Path(args.plot))
     return report
 
 
 def table(points: list[dict[str, Any]]) -> str:
-    """One line per point: mode, clients, accuracy, ε, σ, steps, seconds."""
-    lines = [f"{'mode':<12}{'clients':>8}{'accuracy':>10}{'epsilon':>9}{'sigma':>8}{'steps':>7}{'seconds':>9}"]
+    """One line per point: mode, clients, partition, accuracy, ε, σ, steps, seconds."""
+    lines = [f"{'mode':<12}{'clients':>8}  {'partition':<14}{'accuracy':>9}{'epsilon':>9}{'sigma':>8}{'steps':>7}"
+             f"{'seconds':>9}"]
     for p in points:
-        lines.append(f"{p['mode']:<12}{p['clients']:>8}{100 * p['accuracy']:>9.2f}%{p['epsilon']:>9.3f}"
-                     f"{p['noise_multiplier']:>8.3f}{p['steps']:>7}{p['seconds']:>9.1f}")
+        lines.append(f"{p['mode']:<12}{p['clients']:>8}  {p.get('partition', '-'):<14}{100 * p['accuracy']:>8.2f}%"
+                     f"{p['epsilon']:>9.3f}{p['noise_multiplier']:>8.3f}{p['steps']:>7}{p['seconds']:>9.1f}")
     return "\n".join(lines)
 
 
@@ -141,13 +170,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for mode, style in (("local", "o-"), ("distributed", "s-")):
-        pts = sorted((p["clients"], 100 * p["accuracy"]) for p in report["points"] if p["mode"] == mode)
-        if pts:
-            ax.plot(*zip(*pts, strict=True), style, label=f"{mode} DP")
-    for p in report["points"]:
-        if p["mode"] == "centralized":
-            ax.axhline(100 * p["accuracy"], color="grey", linestyle="--", label="centralized")
+    federated = [p for p in report["points"] if p["mode"] != "centralized"]
+    partitions = sorted({p.get("partition", "iid") for p in federated})
+    for mode, style in (("local", "o"), ("distributed", "s")):
+        for partition, line in zip(partitions, ("-", "--", ":"), strict=False):
+            pts = sorted((p["clients"], 100 * p["accuracy"]) for p in federated
+                         if p["mode"] == mode and p.get("partition", "iid") == partition)
+            label = f"{mode} DP" + (f", {partition.replace('dirichlet', 'Dirichlet')}" if len(partitions) > 1 else "")
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style + line, label=label)
+    for accuracy in sorted({p["accuracy"] for p in report["points"] if p["mode"] == "centralized"}):
+        ax.axhline(100 * accuracy, color="grey", linestyle="--", label="centralized")
     ax.set_xscale("log")
     ax.set_xlabel("clients")
     ax.set_ylabel("test accuracy (%)")
