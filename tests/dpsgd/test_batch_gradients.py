@@ -9,10 +9,8 @@ import torch
 import torch.nn.functional as F
 from conftest import build, generators, make_data
 
-from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
-from fedpriv.dpsgd import batch as batch_module
-from fedpriv.dpsgd import engine
-from fedpriv.dpsgd.batch import batch_gradient_sum
+from fedpriv.dpsgd import DPSGDConfig, engine, train_dpsgd
+from fedpriv.dpsgd.batch import batch_gradient_sum, is_plain
 from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.per_example import per_example_gradients
 from fedpriv.models import build_model
@@ -97,4 +95,4 @@ def test_the_batch_path_refuses_a_private_config(sigma, clip):
     with pytest.raises(ValueError, match="non-private schedule only"):
         batch_gradient_sum(model, trainable_parameters(model), F.cross_entropy, DPSGDConfig(sigma, clip, 0.5),
                            per_example=lambda *a: torch.zeros(()))
-    assert not batch_module.is_plain(DPSGDConfig(sigma, clip, 0.5))
+    assert not is_plain(DPSGDConfig(sigma, clip, 0.5))
