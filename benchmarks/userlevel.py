@@ -13,15 +13,17 @@ ClientApp, no Ray) so that only the strategies differ:
   S and adds noise zS/k to the mean), with a ClientApp training the same way
   (``fedpriv.training.train_round`` with the plain plan, the node's same share).
 
-Writes the test accuracy per round of each, fedpriv's per-client user-level ε from its
-population ledger, and the times. Flower's wrapper keeps no ledger (its optional accountant
-gives one global ε, no amplification by sampling).
+Writes the test accuracy per round of each, the L2 distance of their final models,
+fedpriv's per-client user-level ε from its population ledger, and the times. Flower's
+wrapper keeps no ledger (its optional accountant gives one global ε, no amplification by
+sampling).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -163,19 +165,30 @@ def _evaluate(args: Any) -> Any:
 
 
 def run(args: Any) -> dict[str, Any]:
-    """Both runs; their accuracies, times and fedpriv's ε."""
-    import numpy as np
+    """Both runs on ``--threads`` torch threads (the caller's count restored after)."""
     import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _compare(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(args: Any) -> dict[str, Any]:
+    """Both runs; their accuracies, final models' distance, times and fedpriv's ε."""
+    import numpy as np
     from flwr.app import ArrayRecord
     from flwr.serverapp import Grid
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
     from fedpriv.models import build_model
     from server.run import run_server
+    from server.state import ServerState
     from simulations._flower_private import task_identity
     from tests.flower.inprocess import InProcessGrid
 
-    torch.set_num_threads(args.threads)
     out: dict[str, Any] = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="fedpriv-userlevel-") as tmp, task_identity(1, 1, 0):
         state = Path(tmp)
@@ -203,6 +216,10 @@ def run(args: Any) -> dict[str, Any]:
         out["flower"] = {"accuracy": [cast(float, result.evaluate_metrics_serverapp[r]["accuracy"])
                                       for r in range(1, args.rounds + 1)],
                          "seconds": time.perf_counter() - start, "epsilon": None}
+        _, final = ServerState(state / "server").load()
+        out["model_distance"] = math.sqrt(sum(  # ‖fedpriv's final model − Flower's‖₂
+            float(np.sum((final[k].numpy().astype(np.float64) - a.numpy().astype(np.float64)) ** 2))
+            for k, a in result.arrays.items()))
     out["accuracy_gap_points"] = 100 * (out["fedpriv"]["accuracy"][-1] - out["flower"]["accuracy"][-1])
     return out
 
