@@ -7,9 +7,9 @@ rounding, at the cost of one ordinary backward: user-level training (``clients.u
 and other plain schedules run at the speed of an ordinary training loop.
 
 Non-finite gradients: every path drops an example whose gradient is not finite
-(``clipping``). A batch gradient cannot say which example it came from, so a micro-batch
-whose summed gradient is not finite is recomputed by the per-example path, which drops
-exactly those examples.
+(``clipping``) and reports the sum of the finite losses. A batch gradient cannot say which
+example it came from, so a micro-batch whose summed loss or gradient is not finite is
+recomputed by the per-example path, which drops exactly those examples.
 
 Privacy never rides on this path: ``batch_gradient_sum`` refuses any config with noise or
 clipping, and ``engine.clipped_sum_function`` takes it only for such a plain config.
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedpriv.dpsgd.clipping import ClippedSumFn, finite_sum
+from fedpriv.dpsgd.clipping import ClippedSumFn
 from fedpriv.dpsgd.config import DPSGDConfig
-from fedpriv.dpsgd.per_example import LossFn, per_example_losses
+from fedpriv.dpsgd.per_example import LossFn
 
 
 def is_plain(config: DPSGDConfig) -> bool:
@@ -46,12 +46,12 @@ def batch_gradient_sum(
     tensors = list(params.values())
 
     def gradient_sum(features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]) -> torch.Tensor:
-        losses = per_example_losses(loss_fn, model(features), labels)
-        grads = torch.autograd.grad(losses.sum(), tensors, allow_unused=True, materialize_grads=True)
-        if not bool(torch.stack([g.isfinite().all() for g in grads]).all()):
-            return per_example(features, labels, into)
+        total = loss_fn(model(features), labels) * len(labels)  # Σ_i loss_i: the mean's B times
+        grads = torch.autograd.grad(total, tensors, allow_unused=True, materialize_grads=True)
+        if not bool(torch.stack([total.isfinite(), *(g.isfinite().all() for g in grads)]).all()):
+            return per_example(features, labels, into)  # drops the non-finite examples, sums the finite losses
         for buffer, g in zip(into, grads, strict=True):
             buffer.add_(g)
-        return finite_sum(losses)
+        return total.detach()  # a finite sum: every loss is finite
 
     return gradient_sum

@@ -50,20 +50,26 @@ def test_the_mnist_cnn_channels_last_matches_too():
 
 def test_a_non_finite_example_still_adds_nothing():
     """A NaN input: the batch gradient is NaN, the micro-batch goes to the per-example path,
-    which drops that example only (as ``test_nonfinite`` requires of every path)."""
+    which drops that example only and sums the finite losses (as ``test_nonfinite``
+    requires of every path); without it, the batch path's own sums are the same."""
     model = build("cnn")
     x, y = make_data(12)
     x[5, 0, 1, 2] = math.nan
     params = trainable_parameters(model)
     config = DPSGDConfig(0.0, math.inf, 0.1)
     sums = [torch.zeros_like(p) for p in params.values()]
-    with engine.clipped_sum_function(model, params, F.cross_entropy, config) as fn:
-        fn(x, y, sums)
     keep = torch.arange(12) != 5
-    grads, _ = per_example_gradients(model, params, x[keep], y[keep], F.cross_entropy)
-    for got, want in zip(sums, grads.values(), strict=True):
+    clean = [torch.zeros_like(p) for p in params.values()]
+    with engine.clipped_sum_function(model, params, F.cross_entropy, config) as fn:
+        loss = fn(x, y, sums)
+        clean_loss = fn(x[keep], y[keep], clean)
+    grads, losses = per_example_gradients(model, params, x[keep], y[keep], F.cross_entropy)
+    for got, also, want in zip(sums, clean, grads.values(), strict=True):
         assert got.isfinite().all()
         torch.testing.assert_close(got, want.sum(0), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(also, want.sum(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, losses.sum())  # the finite losses only
+    torch.testing.assert_close(clean_loss, losses.sum())
 
 
 class Spy:
