@@ -13,18 +13,22 @@ ClientApp, no Ray) so that only the strategies differ:
   S and adds noise zS/k to the mean), with a ClientApp training the same way
   (``fedpriv.training.train_round`` with the plain plan, the node's same share).
 
-Writes the test accuracy per round of each, fedpriv's per-client user-level ε from its
-population ledger, and the times. Flower's wrapper keeps no ledger (its optional accountant
-gives one global ε, no amplification by sampling).
+Writes the test accuracy per round of each, the L2 distance of their final models,
+fedpriv's per-client user-level ε from its population ledger, and the times. Flower's
+wrapper keeps no ledger (its optional accountant gives one global ε, no amplification by
+sampling).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,7 +50,13 @@ def build_parser() -> Parser:
     p.add_argument("--local-epochs", type=at_least(1), default=1)
     p.add_argument("--limit-test", type=at_least(1), default=2000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=at_least(1), default=1,
+                   help="torch's intra-op threads (default 1: the small steps of 100s of clients gain nothing "
+                        "from more, and on a loaded machine each extra thread waits for a core)")
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--same-draws", action="store_true",
+                   help="Flower replays fedpriv's cohorts, noise draws and local-training seeds: the two then "
+                        "differ only in the divisor (the actual cohort against the expected one)")
     p.add_argument("--out", type=Path)
     return p
 
@@ -67,12 +77,14 @@ def _nodes(args: Any, state: Path) -> dict[int, dict[str, Any]]:
     return {i + 1: node_config(i, args.clients, state, **policy) for i in range(args.clients)}
 
 
-def _flower_client_app() -> Any:
-    """A ClientApp training as fedpriv's does (plain plan, same share) and replying the model."""
+def _flower_client_app(same_seeds: bool = False) -> Any:
+    """A ClientApp training as fedpriv's does (plain plan, same share) and replying the model;
+    ``same_seeds``: with the seeds fedpriv's node draws its lots from (its policy's seed, the
+    run id and how many rounds it trained before), else the run's seed."""
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from clients.task import local_data, received_model
+    from clients.task import local_data, received_model, training_seed
     from fedpriv.federation.policy import load_policy
     from fedpriv.federation.settings import RunSettings
     from fedpriv.training import default_device, train_round
@@ -80,6 +92,7 @@ def _flower_client_app() -> Any:
     from server.userlevel import training_settings
 
     app = ClientApp()
+    trained: dict[str, int] = {}
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -91,14 +104,45 @@ def _flower_client_app() -> Any:
         model = received_model(msg, plan.model, settings.seed)
         server_round = msg.content.config_records["config"].get("server-round", 1)
         assert isinstance(server_round, int)
-        train_round(model, data.features, data.labels, plan, seed=settings.seed,
-                    client=int(str(context.node_config["partition-id"])), round_=server_round,
+        cid = str(context.node_config["partition-id"])
+        seed = training_seed(policy, context.run_id, trained.get(cid, 0)) if same_seeds else settings.seed
+        trained[cid] = trained.get(cid, 0) + 1
+        train_round(model, data.features, data.labels, plan, seed=seed, client=int(cid), round_=server_round,
                     device=default_device())
         content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()),
                               "metrics": MetricRecord({"num-examples": 1})})  # uniform weights: the DP mean
         return Message(content, reply_to=msg)
 
     return app
+
+
+@contextlib.contextmanager
+def _replayed(args: Any, cohorts: list[list[int]]) -> Iterator[None]:
+    """Flower's FedAvg samples ``cohorts[r - 1]`` (node ids) in round r, and its wrapper's noise is
+    fedpriv's seeded N(0, 1) stream of that round (``server.userlevel.RoundNoise``: the population's
+    uniforms, then each array's normals), scaled by Flower's std zS/k."""
+    from unittest import mock
+
+    import numpy as np
+    from flwr.serverapp.strategy import dp_fixed_clipping, fedavg
+
+    from fedpriv.seeding import derive_seed
+
+    current = {"round": 0}
+
+    def sample_nodes(grid: Any, min_available_nodes: int, sample_size: int) -> tuple[list[int], list[int]]:
+        current["round"] += 1
+        return cohorts[current["round"] - 1], list(grid.get_node_ids())
+
+    def add_noise(arrays: list[Any], std: float) -> None:
+        rng = np.random.default_rng(derive_seed(args.seed, "user-level", current["round"]))
+        rng.random(args.clients)
+        for array in arrays:
+            array += (rng.standard_normal(array.size) * std).reshape(array.shape).astype(array.dtype)
+
+    with mock.patch.object(fedavg, "sample_nodes", sample_nodes), \
+            mock.patch.object(dp_fixed_clipping, "add_gaussian_noise_inplace", add_noise):
+        yield
 
 
 def _evaluate(args: Any) -> Any:
@@ -121,7 +165,19 @@ def _evaluate(args: Any) -> Any:
 
 
 def run(args: Any) -> dict[str, Any]:
-    """Both runs; their accuracies, times and fedpriv's ε."""
+    """Both runs on ``--threads`` torch threads (the caller's count restored after)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _compare(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(args: Any) -> dict[str, Any]:
+    """Both runs; their accuracies, final models' distance, times and fedpriv's ε."""
     import numpy as np
     from flwr.app import ArrayRecord
     from flwr.serverapp import Grid
@@ -129,6 +185,7 @@ def run(args: Any) -> dict[str, Any]:
 
     from fedpriv.models import build_model
     from server.run import run_server
+    from server.state import ServerState
     from simulations._flower_private import task_identity
     from tests.flower.inprocess import InProcessGrid
 
@@ -149,13 +206,20 @@ def run(args: Any) -> dict[str, Any]:
                         min_train_nodes=args.cohort, min_available_nodes=args.clients)
         strategy = DifferentialPrivacyServerSideFixedClipping(fedavg, args.noise_multiplier, args.user_clip,
                                                               args.cohort)
+        cohorts = [[int(c) + 1 for c in r.participants] for r in history.rounds]  # node id = partition id + 1
         start = time.perf_counter()
-        result = strategy.start(cast(Grid, InProcessGrid(config, nodes, client_app=_flower_client_app())),
-                                ArrayRecord(build_model(args.model, args.seed).state_dict()), num_rounds=args.rounds,
-                                evaluate_fn=_evaluate(args))
+        with _replayed(args, cohorts) if args.same_draws else contextlib.nullcontext():
+            result = strategy.start(
+                cast(Grid, InProcessGrid(config, nodes, client_app=_flower_client_app(args.same_draws))),
+                ArrayRecord(build_model(args.model, args.seed).state_dict()), num_rounds=args.rounds,
+                evaluate_fn=_evaluate(args))
         out["flower"] = {"accuracy": [cast(float, result.evaluate_metrics_serverapp[r]["accuracy"])
                                       for r in range(1, args.rounds + 1)],
                          "seconds": time.perf_counter() - start, "epsilon": None}
+        _, final = ServerState(state / "server").load()
+        out["model_distance"] = math.sqrt(sum(  # ‖fedpriv's final model − Flower's‖₂
+            float(np.sum((final[k].numpy().astype(np.float64) - a.numpy().astype(np.float64)) ** 2))
+            for k, a in result.arrays.items()))
     out["accuracy_gap_points"] = 100 * (out["fedpriv"]["accuracy"][-1] - out["flower"]["accuracy"][-1])
     return out
 

@@ -75,17 +75,17 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
 
     model_name = assigner.plan.model
     model = build_model(model_name, settings.seed)
-    history, run_key, first, arrays = _start(settings, state, model)
+    history, run_key, first, arrays, resumed = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
     strategy = _strategy(settings, ledger, assigner(discovered), history, run_key, assigner.plan, admit,
-                         [e for info in discovered.values() for e in info.releases.values()])
+                         [e for info in discovered.values() for e in info.releases.values()], resumed)
     evaluate_fn = _central_evaluation(settings, history, model_name, model)
     with Progress(settings.rounds, done=first - 1) as progress:
         if first == 1:
             evaluate_fn(0, arrays)
             progress.initial(history)
             if state:  # the run key is durable before anything is booked under it
-                state.save(Checkpoint(run_key, 0, history.settings, history.to_json()), arrays)
+                state.save(Checkpoint(run_key, 0, history.settings, history.to_json(), strategy.state()), arrays)
         for server_round in range(first, settings.rounds + 1):
             progress.start()
             try:
@@ -101,7 +101,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
                 break
             evaluate_fn(server_round, arrays)
             if state:
-                state.save(Checkpoint(run_key, server_round, history.settings, history.to_json()), arrays)
+                state.save(Checkpoint(run_key, server_round, history.settings, history.to_json(), strategy.state()),
+                           arrays)
             if out:
                 ledger.snapshot().save(out / "ledger.json")
             progress.round_done(history.rounds[-1])
@@ -132,17 +133,20 @@ def _assigned_settings(settings: RunSettings) -> RunSettings:
 
 def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assignment], history: History,
               run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]],
-              releases: Sequence[tuple[DpEvent, ...]] = ()) -> BudgetedFedAvg:
+              releases: Sequence[tuple[DpEvent, ...]] = (),
+              resumed: dict[str, Any] | None = None) -> BudgetedFedAvg:
     """The run's strategy: budget-aware FedAvg of local DP-SGD updates; with ``privacy =
     "user"``, user-level DP-FedAvg (its noise central, or the clients' with ``user-noise =
-    "distributed"``); with ``"distributed"``, one secure sum and one server step per round."""
+    "distributed"``); with ``"distributed"``, one secure sum and one server step per round.
+    ``resumed``: the checkpoint's ``strategy`` state of a resumed run."""
     options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
                                    seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
     if settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED:
         dimension = sum(t.numel() for t in build_model(plan.model, settings.seed).state_dict().values())
-        return DistributedUserLevelFedAvg(settings, ledger, nodes, history, run_key, dimension=dimension, **options)
+        return DistributedUserLevelFedAvg(settings, ledger, nodes, history, run_key, dimension=dimension,
+                                          resumed=resumed, **options)
     if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
-        return UserLevelFedAvg(settings, ledger, nodes, history, run_key, **options)
+        return UserLevelFedAvg(settings, ledger, nodes, history, run_key, resumed=resumed, **options)
     if settings.privacy is PrivacyMode.DISTRIBUTED:
         return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes, releases),
                                  build_model(plan.model, settings.seed), **options)
@@ -150,12 +154,13 @@ def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assi
 
 
 def _start(settings: RunSettings, state: ServerState | None,
-           model: torch.nn.Module) -> tuple[History, str, int, ArrayRecord]:
-    """(history, run key, first round, global model) of a new run or of the one resumed."""
+           model: torch.nn.Module) -> tuple[History, str, int, ArrayRecord, dict[str, Any] | None]:
+    """(history, run key, first round, global model, the strategy's state: None for a new run)
+    of a new run or of the one resumed."""
     plain = {k: _plain(v) for k, v in asdict(settings).items()}
     if not settings.resume:
         run_key = f"run-{secrets.token_hex(6)}"
-        return History(settings=plain, run_key=run_key), run_key, 1, ArrayRecord(model.state_dict())
+        return History(settings=plain, run_key=run_key), run_key, 1, ArrayRecord(model.state_dict()), None
     assert state is not None  # RunSettings requires a state dir to resume
     checkpoint, arrays = state.load()
     changed = sorted(k for k in plain.keys() | checkpoint.settings.keys()
@@ -166,7 +171,7 @@ def _start(settings: RunSettings, state: ServerState | None,
     log(INFO, "Resuming %s after round %d of %d", checkpoint.run_key, checkpoint.completed_round, settings.rounds)
     history = History.from_json(checkpoint.history)
     history.settings = plain
-    return history, checkpoint.run_key, checkpoint.completed_round + 1, arrays
+    return history, checkpoint.run_key, checkpoint.completed_round + 1, arrays, checkpoint.strategy
 
 
 def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: ArrayRecord, model_name: str,

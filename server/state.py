@@ -3,7 +3,7 @@ latest run after every completed round, so that ``resume`` continues a killed ru
 
 ```
 state-dir/ledger.json        every client's spend as the server booked it, across runs
-state-dir/checkpoint.json    run key, last completed round, settings, history
+state-dir/checkpoint.json    run key, last completed round, settings, history, the strategy's state
 state-dir/model-<key>-<r>.npz  the global model after that round
 ```
 The model file is written first, then the checkpoint that names it (each atomically), then
@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,14 @@ class StateError(ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A run after its last completed round."""
+    """A run after its last completed round; ``strategy``: what its strategy carries across
+    rounds beyond the model (``BudgetedFedAvg.state``: nothing in local mode)."""
 
     run_key: str
     completed_round: int
     settings: dict[str, Any]
     history: dict[str, Any]
+    strategy: dict[str, Any] = field(default_factory=dict)
 
 
 class ServerState:

@@ -102,6 +102,11 @@ class BudgetedFedAvg(FedAvg):
         """What ``results.json``'s ``resolved`` adds for this strategy (nothing here)."""
         return {}
 
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs of this strategy beyond the model, history and ledger
+        (checkpointed after every round): nothing here, the sampling is drawn per round."""
+        return {}
+
     def summary(self) -> None:
         """Log the sampling and budget settings."""
         super().summary()

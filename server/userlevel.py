@@ -21,13 +21,17 @@ CSPRNG; ``seeded`` from one stream per round, ``numpy.random.default_rng(derive_
 array in the model's order, then the count's.
 
 z is ``noise-multiplier`` or, with ``target-epsilon``, calibrated for ``rounds`` rounds at q.
+
+``resume``: the checkpoint keeps S and the population size q is drawn from (``state``);
+the per-round draws and the ledger give the rest, so a run stopped after a round and
+resumed ends with the uninterrupted run's model and ledgers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -47,6 +51,7 @@ from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event,
 from fedpriv.seeding import derive_seed
 from server.checks import array_spec
 from server.history import RoundLog, client_order
+from server.state import StateError
 from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 
@@ -70,6 +75,19 @@ class RoundNoise:
         size = math.prod(shape)
         draws = self.rng.standard_normal(size) * std if self.rng is not None else secure_normal(size, std).numpy()
         return draws.reshape(shape)
+
+
+POPULATION, USER_CLIP = "population", "user-clip"
+"""The keys of ``UserLevelFedAvg.state`` in the checkpoint."""
+
+
+def resumed_state(state: Mapping[str, Any]) -> tuple[int, float]:
+    """(population, S) from a checkpoint's strategy state; ``StateError`` where it holds none."""
+    population, clip = state.get(POPULATION), state.get(USER_CLIP)
+    if not (isinstance(population, int) and not isinstance(population, bool) and population >= 1
+            and isinstance(clip, (int, float)) and not isinstance(clip, bool) and math.isfinite(clip) and clip > 0):
+        raise StateError(f"the checkpoint holds no user-level state to resume (population and S), got {state!r}")
+    return population, float(clip)
 
 
 def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord, clip: float) -> str | None:
@@ -101,11 +119,14 @@ def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord,
 class UserLevelFedAvg(BudgetedFedAvg):
     """Central user-level DP-FedAvg over the clients the population ledger allows."""
 
-    def __init__(self, settings: RunSettings, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, settings: RunSettings, *args: Any, resumed: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if settings.resume:
-            raise SettingsError("resume is not available with privacy = 'user' yet")
-        population = len(self.nodes)
+        if settings.resume or resumed is not None:
+            population, clip = resumed_state(resumed or {})
+        else:
+            population, clip = len(self.nodes), settings.user_clip
+        self.population_size = population  # q's denominator: the clients discovered at the run's start
         self.expected_cohort = settings.cohort or population
         if self.expected_cohort > population:
             raise SettingsError(f"cohort {self.expected_cohort} exceeds the {population} clients discovered")
@@ -118,7 +139,7 @@ class UserLevelFedAvg(BudgetedFedAvg):
             if self.quantile else None
         self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
-        self.clip = settings.user_clip
+        self.clip = clip
         self.randomness = settings.server_randomness
         self.event = self.round_event()
         self._population: list[str] = []
@@ -135,6 +156,12 @@ class UserLevelFedAvg(BudgetedFedAvg):
     def round_event(self) -> DpEvent:
         """What one round costs each client of the population (its population-ledger booking)."""
         return user_round_event(self.sample_rate, self.noise_multiplier)
+
+    def state(self) -> dict[str, Any]:
+        """S (adaptive) and the population q is drawn from: checkpointed after every round. The
+        cohorts and noise are drawn per round (``RoundNoise``), and the population of a round
+        is who the ledger can afford, so nothing else carries over."""
+        return {POPULATION: self.population_size, USER_CLIP: self.clip}
 
     def resolved(self) -> dict[str, Any]:
         """The user-level settings as they resolved (``results.json``'s ``resolved.user_level``)."""

@@ -38,7 +38,9 @@ class GradSampleMode(StrEnum):
     per-example norms without materialising (‖g aᵀ‖ = ‖g‖‖a‖) and their clipped sum as one
     matmul (Bu et al. 2022; ghost clipping, Li et al. 2021); Conv2d / GroupNorm materialise
     their small per-example gradients.  Only for models made of supported layers.
-    ``AUTO``: ``BOOKKEEPING`` when the model supports it, else ``VMAP``.
+    ``AUTO``: for the non-private schedule (σ = 0, C = ∞), one batched gradient of the summed
+    loss (``fedpriv.dpsgd.batch``: nothing per example is needed); otherwise ``BOOKKEEPING``
+    when the model supports it, else ``VMAP``.
     """
 
     AUTO = "auto"

@@ -28,6 +28,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
+from fedpriv.dpsgd.batch import batch_gradient_sum, is_plain
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import ClippedSumFn
 from fedpriv.dpsgd.config import DPSGDConfig, GradSampleMode
@@ -131,10 +132,14 @@ def clipped_sum_function(
 ) -> Iterator[ClippedSumFn]:
     """Yield ``clipped_sum(features, labels, into)`` for the config's gradient mode.
 
-    In ``AUTO`` mode a layer that turns out to run twice per forward (found only at run
-    time, before any gradient is taken) switches the rest of the call to vmap.
+    In ``AUTO`` mode the non-private schedule (σ = 0, C = ∞) takes one batched gradient
+    (``batch``); otherwise a layer that turns out to run twice per forward (found only at
+    run time, before any gradient is taken) switches the rest of the call to vmap.
     """
     plain = partial(vmap_clipped_sum, model, params, loss_fn=loss_fn, config=config)
+    if config.grad_sample_mode is GradSampleMode.AUTO and is_plain(config):
+        yield batch_gradient_sum(model, params, loss_fn, config, per_example=plain)
+        return
     if resolve_grad_sample_mode(model, config) is GradSampleMode.VMAP:
         yield plain
         return
