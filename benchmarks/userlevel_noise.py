@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.userlevel import _nodes, _run_config, build_parser
-from simulations._cli import Parser, at_least, positive, write_out
+from simulations._cli import Parser, at_least, even_or_zero, positive, write_out
 
 
 def parser() -> Parser:
@@ -27,6 +27,9 @@ def parser() -> Parser:
     p.add_argument("--noise", nargs="+", choices=["central", "distributed"], default=["central", "distributed"])
     p.add_argument("--min-cohort", type=at_least(1), help="each distributed node's min-cohort (⌈cohort / 2⌉)")
     p.add_argument("--clip-quantile", type=positive, help="adaptive clipping to this quantile (default: fixed S)")
+    p.add_argument("--clip-lr", type=positive, default=0.2, help="adaptive clipping's learning rate η (0.2)")
+    p.add_argument("--secagg-neighbours", type=even_or_zero, default=0, metavar="K",
+                   help="distributed: SecAgg+ neighbours per node (even; 0: the full graph)")
     return p
 
 
@@ -42,12 +45,15 @@ def run(args: Any) -> dict[str, Any]:
     for noise in args.noise:
         with tempfile.TemporaryDirectory(prefix="fedpriv-usernoise-") as tmp, task_identity(1, 1, 0):
             state = Path(tmp)
-            config = {**_run_config(args, state), "user-noise": noise, "clip-quantile": args.clip_quantile or 0.0}
+            config = {**_run_config(args, state), "user-noise": noise, "clip-quantile": args.clip_quantile or 0.0,
+                      "clip-lr": args.clip_lr, "secagg-neighbours": args.secagg_neighbours}
             nodes = _nodes(args, state)
             if noise == "distributed":
                 for policy in nodes.values():
                     policy.update({"allow-central-user": False, "allow-distributed": True,
                                    "min-cohort": args.min_cohort or math.ceil(args.cohort / 2)})
+                    if args.secagg_neighbours:
+                        policy["min-secagg-neighbours"] = args.secagg_neighbours
             start = time.perf_counter()
             history = run_server(cast(Grid, InProcessGrid(config, nodes)), config)
             epsilon = list(history.final_epsilon().values())
