@@ -4,8 +4,9 @@ for the distributed discrete Gaussian's share scale s.
 The search runs through ``dpsgd_event`` (``distributed_dpsgd_event`` for s, starting at
 the s of σ = √n·s/Δ₂ = 1) — the constructor training uses — so the
 calibrated σ and the trained mechanism cannot drift apart. ε(σ) is non-increasing in σ;
-we bracket the threshold σ* by doubling/halving, bisect until the bracket's ends round
-up to the same 3-significant-digit value, and return that value v ≥ σ*, after checking
+we bracket the threshold σ* by doubling/halving, narrow the bracket (``_refine``: secant
+steps on log ε against log σ, snapped to the 3-digit grid) until its ends round up to the
+same 3-significant-digit value, and return that value v ≥ σ*, after checking
 ε(v) ≤ target (stepping v up by one unit in the last digit otherwise). So the returned σ
 never overshoots the target, and v minus one unit in the last digit would.
 """
@@ -16,7 +17,6 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 
-from fedpriv.privacy._search import bisect
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.accountants.base import check_delta
 from fedpriv.privacy.events import (
@@ -70,26 +70,67 @@ def _smallest_noise(training: Callable[[float], DpEvent], target_epsilon: float,
     if prior and epsilon_of(ComposedEvent(prior), delta, kind) >= target_epsilon:
         raise ValueError(f"the prior events alone spend epsilon >= {target_epsilon}: no {name} reaches it")
 
-    def ok(value: float) -> bool:
+    def gap(value: float) -> float:
+        """log ε(value) − log target: ≤ 0 where ``value`` meets the target."""
         if value < floor:
-            return False
+            return math.inf
         event = training(value)
-        return _epsilon(ComposedEvent((*prior, event)) if prior else event, delta, kind) <= target_epsilon
+        epsilon = _epsilon(ComposedEvent((*prior, event)) if prior else event, delta, kind)
+        return math.log(epsilon / target_epsilon) if epsilon > 0 else -math.inf
+
+    def ok(value: float) -> bool:
+        return gap(value) <= 0
 
     lo, hi = 0.5 * unit, unit
-    while not ok(hi):
-        lo, hi = hi, 2 * hi
+    g_lo, g_hi = gap(lo), gap(hi)
+    while g_hi > 0:
+        lo, hi, g_lo = hi, 2 * hi, g_hi
         if hi > _SIGMA_MAX * unit:
             raise ValueError(f"no {name} <= {_SIGMA_MAX * unit:g} reaches epsilon {target_epsilon}")
-    while ok(lo):
-        lo, hi = lo / 2, lo
+        g_hi = gap(hi)
+    while g_lo <= 0:
+        lo, hi, g_hi = lo / 2, lo, g_lo
         if lo < _SIGMA_MIN * unit:
             return round_up_3(hi)
-    lo, hi = bisect(ok, lo, hi, done=lambda a, b: round_up_3(a) == round_up_3(b) or b - a < 1e-12 * b)
+        g_lo = gap(lo)
+    lo, hi = _refine(gap, lo, hi, g_lo, g_hi)
     value = round_up_3(hi)
     while not ok(value):
         value = round_up_3(value + unit_3(value))
     return value
+
+
+def _below(value: float) -> float:
+    """The largest 3-significant-digit number below the 3-digit ``value`` (0.999 below 1.00)."""
+    unit = unit_3(value)
+    lower = value - unit
+    return lower if unit_3(lower) == unit else value - unit / 10
+
+
+def _refine(gap: Callable[[float], float], lo: float, hi: float, g_lo: float, g_hi: float) -> tuple[float, float]:
+    """Shrink [lo, hi] (gap(lo) > 0 ≥ gap(hi)) until lo is at or above the 3-digit value just
+    below round_up_3(hi) (which then fails). Each step evaluates the 3-digit grid point at or
+    below the root of the log-log secant (ε(σ) is smooth, monotone, near a power law),
+    halving the stale end's gap when one end moves twice (Illinois), else the midpoint:
+    about half bisection's evaluations."""
+    moved = 0  # +1: hi moved last, -1: lo moved last
+    while lo < _below(round_up_3(hi)) * (1 - 1e-12) and hi - lo >= 1e-12 * hi:
+        value = 0.5 * (lo + hi)
+        if math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo > g_hi:
+            root = math.exp(math.log(lo) + g_lo / (g_lo - g_hi) * math.log(hi / lo))
+            grid = round_up_3(root)
+            grid = grid if grid < hi else _below(grid)
+            value = grid if lo < grid < hi else value
+        g = gap(value)
+        if g <= 0:
+            hi, g_hi = value, g
+            g_lo = g_lo / 2 if moved == 1 else g_lo
+            moved = 1
+        else:
+            lo, g_lo = value, g
+            g_hi = g_hi / 2 if moved == -1 else g_hi
+            moved = -1
+    return lo, hi
 
 
 def calibrate_noise_multiplier(
