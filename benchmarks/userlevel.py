@@ -164,16 +164,23 @@ def _evaluate(args: Any) -> Any:
     return evaluate_fn
 
 
-def run(args: Any) -> dict[str, Any]:
-    """Both runs on ``--threads`` torch threads (the caller's count restored after)."""
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` inside, the caller's count restored after."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(count)
     try:
-        return _compare(args)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def run(args: Any) -> dict[str, Any]:
+    """Both runs on ``--threads`` torch threads."""
+    with torch_threads(args.threads):
+        return _compare(args)
 
 
 def _compare(args: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks.userlevel import _nodes, _run_config, build_parser
+from benchmarks.userlevel import _nodes, _run_config, build_parser, torch_threads
 from simulations._cli import Parser, at_least, even_or_zero, positive, write_out
 
 
@@ -34,7 +34,13 @@ def parser() -> Parser:
 
 
 def run(args: Any) -> dict[str, Any]:
-    """Both runs: accuracy per round, seconds per round, cohorts and ε."""
+    """Each ``--noise`` variant on ``--threads`` torch threads: accuracy per round, seconds
+    per round, cohorts and ε."""
+    with torch_threads(args.threads):
+        return _variants(args)
+
+
+def _variants(args: Any) -> dict[str, Any]:
     from flwr.serverapp import Grid
 
     from server.run import run_server
