@@ -21,6 +21,7 @@ sampling).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -232,15 +233,24 @@ def _compare(args: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = build_parser()
+    args = parsed(build_parser(), argv)
+    return emit(run(args), args.out)
+
+
+def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The flags, ``--quick`` applied and the cohort checked against the clients."""
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.cohort, args.rounds = 100, 10, 3
     if args.cohort > args.clients:
         parser.error(f"argument --cohort: {args.cohort} exceeds --clients {args.clients}")
-    result = run(args)
+    return args
+
+
+def emit(result: dict[str, Any], out: Any) -> dict[str, Any]:
+    """``result`` as JSON, printed and written to ``out`` (``--out``)."""
     text = json.dumps(result, indent=2)
-    write_out(args.out, text)
+    write_out(out, text)
     print(text)
     return result
 

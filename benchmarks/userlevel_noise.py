@@ -9,7 +9,6 @@ sizes its share for ``--min-cohort`` honest survivors (no dropouts or colluders;
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import tempfile
@@ -17,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks.userlevel import _nodes, _run_config, build_parser, torch_threads
-from simulations._cli import Parser, at_least, even_or_zero, positive, write_out
+from benchmarks.userlevel import _nodes, _run_config, build_parser, emit, parsed, torch_threads
+from simulations._cli import Parser, at_least, even_or_zero, positive
 
 
 def parser() -> Parser:
@@ -73,12 +72,8 @@ def _variants(args: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    write_out(args.out, text)
-    print(text)
-    return result
+    args = parsed(parser(), argv)
+    return emit(run(args), args.out)
 
 
 if __name__ == "__main__":
