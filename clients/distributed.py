@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Context, Message, RecordDict
 
 from clients.delta import check_delta
@@ -113,14 +114,23 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         data = node_data(settings, context, policy, model=plan.model)
-        secure = policy.randomness is Randomness.SECURE
-        seed = training_seed(policy, context.run_id, ordinal)
+        sampling, rounding, noise = round_generators(policy, context, ordinal, int(cid), server_round)
         contribution = distributed_contribution(
             model, data.features, data.labels, sample_rate=q, lattice=lattice,
-            noise_multiplier=plan.noise_multiplier, honest_shares=shares, secure=secure,
-            sampling_generator=None if secure else generator(seed, "sampling", int(cid), server_round),
-            rounding_generator=None if secure else generator(seed, "rounding", int(cid), server_round),
-            noise_generator=None if secure else np.random.default_rng(derive_seed(seed, "noise", int(cid),
-                                                                                  server_round)),
+            noise_multiplier=plan.noise_multiplier, honest_shares=shares,
+            secure=policy.randomness is Randomness.SECURE, sampling_generator=sampling, rounding_generator=rounding,
+            noise_generator=noise,
         )
     return contribution.vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+
+
+def round_generators(policy: NodePolicy, context: Context, ordinal: int, client: int, server_round: int,
+                     ) -> tuple[torch.Generator | None, torch.Generator | None, np.random.Generator | None]:
+    """The (sampling, rounding, noise) generators of a round the node booked as ``ordinal``:
+    three separate streams of its training seed, or None each (the OS CSPRNG) with secure
+    randomness."""
+    if policy.randomness is Randomness.SECURE:
+        return None, None, None
+    seed = training_seed(policy, context.run_id, ordinal)
+    return (generator(seed, "sampling", client, server_round), generator(seed, "rounding", client, server_round),
+            np.random.default_rng(derive_seed(seed, "noise", client, server_round)))

@@ -29,18 +29,15 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from clients.distributed import read_encoding
+from clients.distributed import read_encoding, round_generators
 from clients.failures import after_booking
 from clients.releases import book
-from clients.task import training_seed
 from clients.userlevel import read_user_round, trained_delta
 from fedpriv.distributed.contribution import noised_vector, rounded_sum
 from fedpriv.federation import protocol, userlevel
-from fedpriv.federation.policy import Randomness
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.userlevel import count_scale, delta_noise_multiplier, distributed_participant_event
 from fedpriv.secagg.node import StageInfo
-from fedpriv.seeding import derive_seed, generator
 
 
 def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
@@ -64,13 +61,10 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     with after_booking(charge.entry):
         deltas, under = trained_delta(request, context, ordinal)
         flat = torch.from_numpy(np.concatenate([d.ravel() for d in deltas.values()]))
-        secure = request.policy.randomness is Randomness.SECURE
-        seed, cid, server_round = training_seed(request.policy, context.run_id, ordinal), int(request.client), \
-            request.server_round
-        total = rounded_sum(flat.unsqueeze(0), lattice,
-                            None if secure else generator(seed, "rounding", cid, server_round)).numpy()
+        _, rounding, noise = round_generators(request.policy, context, ordinal, int(request.client),
+                                              request.server_round)
+        total = rounded_sum(flat.unsqueeze(0), lattice, rounding).numpy()
         if count_noise is not None:
             total = np.append(total, (2 * under - 1) * bit_scale)
-        vector = noised_vector(total, lattice, share,
-                               None if secure else np.random.default_rng(derive_seed(seed, "noise", cid, server_round)))
+        vector = noised_vector(total, lattice, share, noise)
     return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
