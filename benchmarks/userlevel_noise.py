@@ -27,6 +27,9 @@ def parser() -> Parser:
     p.add_argument("--min-cohort", type=at_least(1), help="each distributed node's min-cohort (⌈cohort / 2⌉)")
     p.add_argument("--clip-quantile", type=positive, help="adaptive clipping to this quantile (default: fixed S)")
     p.add_argument("--clip-lr", type=positive, default=0.2, help="adaptive clipping's learning rate η (0.2)")
+    p.add_argument("--clip-warmup-rounds", type=at_least(0), default=0, metavar="W",
+                   help="central adaptive clipping: the first W of --rounds release only the noisy count (0)")
+    p.add_argument("--clip-warmup-lr", type=positive, default=1.0, help="η in those count-only rounds (1.0)")
     p.add_argument("--secagg-neighbours", type=even_or_zero, default=0, metavar="K",
                    help="distributed: SecAgg+ neighbours per node (even; 0: the full graph)")
     return p
@@ -51,7 +54,8 @@ def _variants(args: Any) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="fedpriv-usernoise-") as tmp, task_identity(1, 1, 0):
             state = Path(tmp)
             config = {**_run_config(args, state), "user-noise": noise, "clip-quantile": args.clip_quantile or 0.0,
-                      "clip-lr": args.clip_lr, "secagg-neighbours": args.secagg_neighbours}
+                      "clip-lr": args.clip_lr, "secagg-neighbours": args.secagg_neighbours,
+                      "clip-warmup-rounds": args.clip_warmup_rounds, "clip-warmup-lr": args.clip_warmup_lr}
             nodes = _nodes(args, state)
             if noise == "distributed":
                 for policy in nodes.values():

@@ -5,7 +5,9 @@ clipped model delta, which leaves without noise, and with adding the noise the s
 It books ``participant_event(z)`` (the round's cost to its records, for the z the server
 says it adds) under the round's entry *before* training, as every release, then trains
 with the plain local plan (no per-example clipping or noise), clips its whole delta to S
-and sends it with the bit 1[‖Δ‖ ≤ S] for adaptive clipping.
+and sends it with the bit 1[‖Δ‖ ≤ S] for adaptive clipping. In a count-only round
+(``count-only``, adaptive clipping's warm-up) it books ``count_participant_event(σ_b)``
+and sends the bit alone: the delta never leaves the node.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fedpriv.federation.settings import RunSettings
 from fedpriv.node import checked_policy
 from fedpriv.privacy import Budget
 from fedpriv.privacy.charge import Charge
-from fedpriv.privacy.userlevel import participant_event
+from fedpriv.privacy.userlevel import count_participant_event, participant_event
 from fedpriv.training import TrainingPlan, default_device, train_round
 
 
@@ -106,18 +108,22 @@ def delta_record(deltas: dict[str, np.ndarray], before: dict[str, torch.Tensor])
 
 
 def train(msg: Message, context: Context) -> RecordDict:
-    """Book the round, train on the received model, reply with the clipped delta and its bit."""
+    """Book the round, train on the received model, reply with the clipped delta and its bit
+    (the bit alone in a count-only round)."""
     if not checked_policy(context.node_config).allow_central_user:
         raise protocol.ProtocolError("this node's policy does not send un-noised updates to a server that adds "
                                      "the noise (allow-central-user = false)")
     request = read_user_round(msg, context)
-    charge = Charge(request.entry, (participant_event(request.noise_multiplier),))
+    count_noise = userlevel.read_count_only(msg.content.config_records[protocol.CONFIG])
+    event = participant_event(request.noise_multiplier) if count_noise is None else \
+        count_participant_event(count_noise)
+    charge = Charge(request.entry, (event,))
     ordinal = book(request.policy, request.client, charge, request.budget)
     with after_booking(charge.entry):
         deltas, under = trained_delta(request, context, ordinal)
-        delta = delta_record(deltas, request.before)
+        released = {} if count_noise is not None else {protocol.ARRAYS: delta_record(deltas, request.before)}
     return RecordDict({
-        protocol.ARRAYS: delta,
+        **released,
         protocol.PRIVACY: protocol.charge_record(charge),
         userlevel.USER: MetricRecord({userlevel.UNDER_CLIP: under}),
     })

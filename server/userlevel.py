@@ -14,13 +14,19 @@ Each round, for the population P (the known clients that can still afford it):
    z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) so the round stays one Gaussian of multiplier z; σ_b is
    ``clip-count-noise``, by default max(m/20, z) (Andrew et al.'s m/20, at least z: small
    cohorts keep z_Δ ≤ 1.16 z).
+6. with ``clip-warmup-rounds`` W: rounds 1..W are count-only. Each is booked
+   ``count_round_event(q, σ_b)``; the sampled clients train and send only their bit, the
+   server releases b̃ alone and steps S with ``clip-warmup-lr``; the model does not move.
+   An initial S far too large would otherwise noise the first rounds' mean by z·S/m per
+   coordinate and wreck the model before S comes down (``docs/user-level.md``).
 
 Randomness (``server-randomness``): ``secure`` draws the cohort and noise from the OS
 CSPRNG; ``seeded`` from one stream per round, ``numpy.random.default_rng(derive_seed(seed,
 "user-level", r))``: P uniforms (in client order) for the cohort, then the noise of each
 array in the model's order, then the count's.
 
-z is ``noise-multiplier`` or, with ``target-epsilon``, calibrated for ``rounds`` rounds at q.
+z is ``noise-multiplier`` or, with ``target-epsilon``, calibrated for the ``rounds`` − W
+training rounds at q after the W count-only rounds.
 
 ``resume``: the checkpoint keeps S and the population size q is drawn from (``state``);
 the per-round draws and the ledger give the rest, so a run stopped after a round and
@@ -47,7 +53,13 @@ from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsE
 from fedpriv.privacy import BudgetExceededError, LedgerError, calibrate_noise_multiplier
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
-from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event, user_round_event
+from fedpriv.privacy.userlevel import (
+    count_participant_event,
+    count_round_event,
+    delta_noise_multiplier,
+    participant_event,
+    user_round_event,
+)
 from fedpriv.seeding import derive_seed
 from server.checks import array_spec
 from server.history import RoundLog, client_order
@@ -90,14 +102,16 @@ def resumed_state(state: Mapping[str, Any]) -> tuple[int, float]:
     return population, float(clip)
 
 
-def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord, clip: float) -> str | None:
-    """Why a user-level TRAIN reply cannot be summed, or ``None`` when it can."""
+def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord, clip: float,
+                     count_only: bool = False) -> str | None:
+    """Why a user-level TRAIN reply cannot be summed, or ``None`` when it can; ``count_only``:
+    a count-only round's reply, the bit and the charge alone."""
     content = reply.content
-    if set(content.keys()) != {protocol.ARRAYS, protocol.PRIVACY, userlevel.USER}:
-        return f"expected exactly the records {protocol.ARRAYS!r}, {protocol.PRIVACY!r} and {userlevel.USER!r}"
+    records = {protocol.PRIVACY, userlevel.USER} | (set() if count_only else {protocol.ARRAYS})
+    if set(content.keys()) != records:
+        return f"expected exactly the records {', '.join(map(repr, sorted(records)))}"
     try:
         reported = protocol.read_charge(content.config_records[protocol.PRIVACY])
-        delta = content.array_records[protocol.ARRAYS]
         bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
     except (KeyError, protocol.ProtocolError) as err:
         return f"unreadable reply: {err}"
@@ -105,6 +119,9 @@ def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord,
         return f"reported {reported} differs from the booked {charge}"
     if bit not in (0, 1) or isinstance(bit, (bool, list)):
         return f"{userlevel.UNDER_CLIP} must be 0 or 1, got {bit!r}"
+    if count_only:
+        return None
+    delta = content.array_records[protocol.ARRAYS]
     if array_spec(delta) != array_spec(global_arrays):
         return "the delta does not match the global model's names, shapes and dtypes"
     values = [a.numpy().astype(np.float64) for a in delta.values()]
@@ -139,6 +156,7 @@ class UserLevelFedAvg(BudgetedFedAvg):
             if self.quantile else None
         self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
+        self.warmup_rounds, self.warmup_lr = settings.clip_warmup_rounds, settings.clip_warmup_lr
         self.clip = clip
         self.randomness = settings.server_randomness
         self.event = self.round_event()
@@ -149,13 +167,36 @@ class UserLevelFedAvg(BudgetedFedAvg):
                          "knows the run config can strip the noise (simulations and tests only)")
 
     def calibrated_noise(self, settings: RunSettings) -> float:
-        """z for ``target-epsilon`` after ``rounds`` rounds of ``round_event``."""
+        """z for ``target-epsilon`` after the W count-only rounds and ``rounds`` − W rounds of
+        ``round_event``. The count-only rounds are priced at σ_b = ``clip-count-noise`` or m/20,
+        never above the σ_b the run then uses (max(m/20, z)): the target holds."""
         assert settings.target_epsilon is not None  # RunSettings requires it without noise-multiplier
-        return calibrate_noise_multiplier(settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds)
+        warmup = settings.clip_warmup_rounds
+        prior = (count_round_event(self.sample_rate, settings.clip_count_noise or self.expected_cohort / 20),) * warmup
+        return calibrate_noise_multiplier(settings.target_epsilon, settings.delta, self.sample_rate,
+                                          settings.rounds - warmup, prior_events=prior)
 
     def round_event(self) -> DpEvent:
-        """What one round costs each client of the population (its population-ledger booking)."""
+        """What one training round costs each client of the population (its population-ledger booking)."""
         return user_round_event(self.sample_rate, self.noise_multiplier)
+
+    def count_only(self, server_round: int) -> bool:
+        """Whether ``server_round`` is one of the W count-only rounds that place S."""
+        return server_round <= self.warmup_rounds
+
+    def booked_event(self, server_round: int) -> DpEvent:
+        """What ``server_round`` costs each client of the population."""
+        if self.count_only(server_round):
+            assert self.count_noise is not None  # RunSettings: warm-up needs clip-quantile
+            return count_round_event(self.sample_rate, self.count_noise)
+        return self.event
+
+    def node_event(self, server_round: int) -> DpEvent:
+        """What a node that took part in ``server_round`` books against its records."""
+        if self.count_only(server_round):
+            assert self.count_noise is not None
+            return count_participant_event(self.count_noise)
+        return participant_event(self.noise_multiplier)
 
     def state(self) -> dict[str, Any]:
         """S (adaptive) and the population q is drawn from: checkpointed after every round. The
@@ -168,7 +209,8 @@ class UserLevelFedAvg(BudgetedFedAvg):
         return {"user_level": {"sample_rate": self.sample_rate, "expected_cohort": self.expected_cohort,
                 "noise_multiplier": self.noise_multiplier, "delta_noise_multiplier": self.delta_multiplier,
                 "clip_count_noise": self.count_noise, "clip_quantile": self.quantile, "clip_lr": self.clip_lr,
-                "final_clip": self.clip, "server_randomness": self.randomness.value,
+                "final_clip": self.clip, "clip_warmup_rounds": self.warmup_rounds,
+                "clip_warmup_lr": self.warmup_lr, "server_randomness": self.randomness.value,
                 "node_event": "GaussianEvent(z / 2) per round taken part in"}}
 
     def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
@@ -178,12 +220,12 @@ class UserLevelFedAvg(BudgetedFedAvg):
         entry = protocol.train_entry(self.run_key, server_round)
         online = set(grid.get_node_ids())
         ordered = sorted(self.nodes, key=lambda n: client_order(self.nodes[n].client_id))
-        population = []
+        event, population = self.booked_event(server_round), []
         with self.ledger.transaction() as ledger:
             for node in ordered:
                 cid = self.nodes[node].client_id
                 try:
-                    ledger.record(cid, entry, (self.event,))
+                    ledger.record(cid, entry, (event,))
                 except BudgetExceededError:  # out of the population from now on
                     continue
                 except LedgerError as err:  # booked with other events (another run's settings)
@@ -201,18 +243,23 @@ class UserLevelFedAvg(BudgetedFedAvg):
         return sampled
 
     def train_config(self, server_round: int) -> dict[str, Any]:
-        return userlevel.user_round_config(self.clip, self.noise_multiplier)
+        config: dict[str, Any] = userlevel.user_round_config(self.clip, self.noise_multiplier)
+        if self.count_only(server_round):
+            config |= {userlevel.COUNT_ONLY: True, userlevel.COUNT_NOISE: self.count_noise}
+        return config
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Global model + (Σ clipped deltas + N(0, (z_Δ S)²)) / (q·|P|); S's adaptive step."""
+        """Global model + (Σ clipped deltas + N(0, (z_Δ S)²)) / (q·|P|); S's adaptive step. A
+        count-only round releases the noisy count alone: S steps, the model stays."""
         round_log = self.history.start_round(server_round, [s.assignment.client_id for s in self._sent.values()])
-        charge = Charge(protocol.train_entry(self.run_key, server_round), (participant_event(self.noise_multiplier),))
+        count_only = self.count_only(server_round)
+        charge = Charge(protocol.train_entry(self.run_key, server_round), (self.node_event(server_round),))
         accepted: list[tuple[str, ArrayRecord, float]] = []
         for sent, reply in self._answers(replies, round_log):
             cid = sent.assignment.client_id
-            problem = check_user_reply(reply, charge, self._global, self.clip)
+            problem = check_user_reply(reply, charge, self._global, self.clip, count_only)
             if problem:
                 round_log.rejected[cid] = problem
                 log(WARNING, "Rejected update of client %s: %s", cid, problem)
@@ -220,11 +267,16 @@ class UserLevelFedAvg(BudgetedFedAvg):
                 content = reply.content
                 bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
                 assert isinstance(bit, (int, float))  # check_user_reply refused any other
-                accepted.append((cid, content.array_records[protocol.ARRAYS], float(bit)))
+                accepted.append((cid, ArrayRecord() if count_only else content.array_records[protocol.ARRAYS],
+                                 float(bit)))
         expected = self.sample_rate * len(self._population)
         round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
                                    "expected_cohort": expected}
         if self.close_round(round_log, len(accepted)):
+            return None, None
+        if count_only:
+            round_log.train_metrics["count_only"] = 1
+            self.adapt_clip(self.noisy_count(accepted), expected, round_log, self.warmup_lr)
             return None, None
         accepted.sort(key=lambda item: client_order(item[0]))  # float sums must not depend on arrival order
         out = {}
@@ -235,15 +287,18 @@ class UserLevelFedAvg(BudgetedFedAvg):
             updated = array.numpy().astype(np.float64) + total / expected
             out[name] = Array(updated.astype(array.numpy().dtype))
         if self.quantile is not None:
-            assert self.count_noise is not None
-            centred = sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
-            self.adapt_clip(centred, expected, round_log)
+            self.adapt_clip(self.noisy_count(accepted), expected, round_log, self.clip_lr)
         return ArrayRecord(out), None
 
-    def adapt_clip(self, centred: float, expected: float, round_log: RoundLog) -> None:
-        """Andrew et al.'s step from the noisy centred count Σ(b − ½) + N(0, σ_b²):
-        b̃ = centred / m + ½, S ← S·exp(−η(b̃ − γ))."""
+    def noisy_count(self, accepted: list[tuple[str, ArrayRecord, float]]) -> float:
+        """Σ(b − ½) + N(0, σ_b²) over the accepted replies (the round's last draw)."""
+        assert self.count_noise is not None
+        return sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
+
+    def adapt_clip(self, centred: float, expected: float, round_log: RoundLog, lr: float) -> None:
+        """Andrew et al.'s step of size η = ``lr`` from the noisy centred count
+        Σ(b − ½) + N(0, σ_b²): b̃ = centred / m + ½, S ← S·exp(−η(b̃ − γ))."""
         assert self.quantile is not None
         estimate = centred / expected + 0.5
-        self.clip *= math.exp(-self.clip_lr * (estimate - self.quantile))
+        self.clip *= math.exp(-lr * (estimate - self.quantile))
         round_log.train_metrics["under_clip_estimate"] = estimate

@@ -152,7 +152,8 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         flat = decode_sum(result.sum, self.lattice).numpy()
         if self.count_noise is not None:  # the last coordinate: Σ(2b − 1)·k + noise, in lattice units / scale
             bit_scale, flat = self.bit_scale, flat.copy()
-            self.adapt_clip(float(flat[-1]) * self.lattice.scale / (2 * bit_scale), expected, round_log)
+            self.adapt_clip(float(flat[-1]) * self.lattice.scale / (2 * bit_scale), expected, round_log,
+                            self.clip_lr)
             flat = flat[:-1]
         mean, out, offset = flat / expected, {}, 0
         for name, array in arrays.items():

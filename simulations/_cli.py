@@ -260,6 +260,11 @@ def federated_parser(dataset: str) -> Parser:
     user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
     user.add_argument("--clip-count-noise", type=positive,
                       help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
+    user.add_argument("--clip-warmup-rounds", type=at_least(0), metavar="W",
+                      help="adaptive clipping: the first W rounds release only the noisy count, placing S before the "
+                           f"model moves (default: {d['clip-warmup-rounds']})")
+    user.add_argument("--clip-warmup-lr", type=positive,
+                      help=f"η of S's update in those count-only rounds (default: {d['clip-warmup-lr']})")
     p.add_argument("--dry-run", action="store_true",
                    help="print the planner's plan for these flags (python -m fedpriv.privacy plan) and exit")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")

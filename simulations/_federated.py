@@ -60,7 +60,8 @@ _KEYS = (
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
     "lattice-rounding", "secagg-neighbours",
-    "cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
+    "cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise", "clip-warmup-rounds",
+    "clip-warmup-lr",
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""

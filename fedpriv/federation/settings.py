@@ -117,6 +117,8 @@ class RunSettings:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
+    clip_warmup_rounds: int = 0
+    clip_warmup_lr: float = 1.0
     server_randomness: ServerRandomness = ServerRandomness.SECURE
     user_noise: UserNoise = UserNoise.CENTRAL
 
@@ -161,7 +163,7 @@ class RunSettings:
         """The user-level keys (``docs/user-level.md``) are in range."""
         if self.cohort is not None and self.cohort < 1:
             raise SettingsError(f"cohort must be >= 1 (0: every client), got {self.cohort}")
-        for name in ("user_clip", "clip_lr", "clip_count_noise"):
+        for name in ("user_clip", "clip_lr", "clip_count_noise", "clip_warmup_lr"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise SettingsError(f"{name.replace('_', '-')} must be finite and > 0, got {value}")
@@ -175,10 +177,28 @@ class RunSettings:
                 and self.target_epsilon is not None:
             raise SettingsError("adaptive clipping (clip-quantile) with user-noise = 'distributed' needs "
                                 "noise-multiplier: each round's lattice follows S, so z is not calibrated")
+        self._check_warmup()
         quantile, count_noise, z = self.clip_quantile, self.clip_count_noise, self.noise_multiplier
         if quantile is not None and count_noise is not None and z is not None and not 2 * count_noise > z:
             raise SettingsError(f"clip-count-noise {self.clip_count_noise} must exceed half the noise multiplier "
                                 f"{self.noise_multiplier}: the count estimate would spend the whole round")
+
+    def _check_warmup(self) -> None:
+        """Count-only rounds (``clip-warmup-rounds``) place adaptive clipping's S before the
+        model moves: they need user level with a quantile, and leave a round to train."""
+        if self.clip_warmup_rounds < 0:
+            raise SettingsError(f"clip-warmup-rounds must be >= 0, got {self.clip_warmup_rounds}")
+        if not self.clip_warmup_rounds:
+            return
+        if self.privacy is not PrivacyMode.USER or self.clip_quantile is None:
+            raise SettingsError("clip-warmup-rounds estimates adaptive clipping's S: it needs privacy = 'user' and "
+                                "clip-quantile")
+        if self.user_noise is UserNoise.DISTRIBUTED:
+            raise SettingsError("clip-warmup-rounds runs with user-noise = 'central' only: a count-only round "
+                                "has no secure sum yet")
+        if self.clip_warmup_rounds >= self.rounds:
+            raise SettingsError(f"clip-warmup-rounds ({self.clip_warmup_rounds}) must leave at least one of the "
+                                f"{self.rounds} rounds to train")
 
     @property
     def server_budget(self) -> float:
@@ -204,7 +224,7 @@ _UNSET_IF_ZERO = {
     "cohort", "clip_quantile", "clip_count_noise",
 }
 _INTS = {"rounds", "min_clients", "local_epochs", "lot_size", "seed", "limit_train", "limit_test",
-         "max_physical_batch", "cohort", "secagg_neighbours"}
+         "max_physical_batch", "cohort", "secagg_neighbours", "clip_warmup_rounds"}
 
 
 _ENUMS: dict[str, type[StrEnum]] = {"partition": Partition, "privacy": PrivacyMode,

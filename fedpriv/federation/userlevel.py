@@ -5,6 +5,9 @@
   ``user-noise-multiplier`` (z, the round's whole noise multiplier, which the server says it
   adds: the node books ``participant_event(z)``); with distributed noise and adaptive
   clipping also ``clip-count-noise`` (σ_b, which fixes the bit's share of the noise).
+- count-only TRAIN (``clip-warmup-rounds``): also ``count-only`` = true and
+  ``clip-count-noise``; the node books ``count_participant_event(σ_b)`` and its reply has no
+  "arrays": only "privacy" and the bit.
 - TRAIN reply: "arrays" holds the clipped model *delta* (not the model), "privacy" the
   charge, and the ``MetricRecord`` "user" the bit ``under-clip`` = 1[‖Δ‖ ≤ S] that adaptive
   clipping counts.
@@ -23,6 +26,7 @@ USER_NOISE = "user-noise-multiplier"
 USER = "user"
 UNDER_CLIP = "under-clip"
 COUNT_NOISE = "clip-count-noise"
+COUNT_ONLY = "count-only"
 
 
 def user_round_config(clip: float, noise_multiplier: float) -> dict[str, float]:
@@ -39,6 +43,20 @@ def read_count_noise(config: Mapping[str, Any]) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
         raise ProtocolError(f"'{COUNT_NOISE}' must be finite and > 0, got {value!r}")
     return float(value)
+
+
+def read_count_only(config: Mapping[str, Any]) -> float | None:
+    """σ_b of a count-only TRAIN, or ``None`` for a round that releases the delta;
+    ``ProtocolError`` unless ``count-only`` is a bool and, when true, σ_b is valid."""
+    flag = config.get(COUNT_ONLY, False)
+    if not isinstance(flag, bool):
+        raise ProtocolError(f"'{COUNT_ONLY}' must be a bool, got {flag!r}")
+    if not flag:
+        return None
+    count_noise = read_count_noise(config)
+    if count_noise is None:
+        raise ProtocolError(f"a count-only round needs '{COUNT_NOISE}'")
+    return count_noise
 
 
 def read_user_round(config: Mapping[str, Any]) -> tuple[float, float]:

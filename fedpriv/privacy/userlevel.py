@@ -9,6 +9,12 @@ Gaussians compose to one of multiplier z with z⁻² = z_Δ⁻² + (2σ_b)⁻²,
 exactly ``PoissonSampledEvent(q, GaussianEvent(z))`` for each client of the population —
 sampled or not — and R rounds are ``dpsgd_event(z, q, R)``.
 
+**Count-only rounds** (``clip-warmup-rounds``: S placed before the model moves): the sampled
+clients release only Σ(b − ½) + N(0, σ_b²). A client's removal moves it by ≤ ½, so the round
+is ``count_round_event(q, σ_b)`` = ``PoissonSampledEvent(q, GaussianEvent(2σ_b))``; a record
+changed flips at most its node's bit (by ≤ 1): ``count_participant_event(σ_b)`` =
+``GaussianEvent(σ_b)``.
+
 A node that took part books the round against its *records*: one record added or removed
 moves its clipped delta anywhere within the S-ball (by ≤ 2S) and its bit by ≤ 1, so the
 round is ``GaussianEvent(z / 2)`` to its records (no amplification by the server's
@@ -50,6 +56,16 @@ def user_round_event(sample_rate: float, noise_multiplier: float) -> DpEvent:
 def participant_event(noise_multiplier: float) -> DpEvent:
     """What one round a node took part in costs its records (sensitivity 2S, noise zS)."""
     return GaussianEvent(noise_multiplier / 2)
+
+
+def count_round_event(sample_rate: float, count_noise: float) -> DpEvent:
+    """What one count-only round (the noisy count under S alone) costs each client of the population."""
+    return PoissonSampledEvent(check_sample_rate(sample_rate), GaussianEvent(2 * count_noise))
+
+
+def count_participant_event(count_noise: float) -> DpEvent:
+    """What one count-only round a node took part in costs its records (its bit flips: sensitivity 1)."""
+    return GaussianEvent(count_noise)
 
 
 def distributed_user_round_event(sample_rate: float, noise_stddev: float, shares: int, sensitivity: float,
