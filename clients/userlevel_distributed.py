@@ -19,6 +19,10 @@ When its masked vector is due (``contribute``), it:
 With adaptive clipping (the round names ``clip-count-noise`` σ_b) the vector has one more
 coordinate, (2b − 1)·k (``fedpriv.privacy.userlevel.count_scale``), the share is sized on
 z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) and the booked sensitivity is 2√(Δ₂² + k²).
+
+In a count-only round (``count-only``, adaptive clipping's warm-up) the vector is the bit
+alone, (2b − 1)·k for k = ``COUNT_ONLY_SCALE``, plus a share of ``count_share_stddev``(σ_b,
+n), booked ``distributed_count_participant_event``: the delta never leaves the node.
 """
 
 from __future__ import annotations
@@ -27,16 +31,23 @@ import math
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from clients.distributed import read_encoding, round_generators
 from clients.failures import after_booking
 from clients.releases import book
-from clients.userlevel import read_user_round, trained_delta
+from clients.userlevel import UserRound, read_user_round, trained_delta
 from fedpriv.distributed.contribution import noised_vector, rounded_sum
 from fedpriv.federation import protocol, userlevel
 from fedpriv.privacy.charge import Charge
-from fedpriv.privacy.userlevel import count_scale, delta_noise_multiplier, distributed_participant_event
+from fedpriv.privacy.userlevel import (
+    COUNT_ONLY_SCALE,
+    count_scale,
+    count_share_stddev,
+    delta_noise_multiplier,
+    distributed_count_participant_event,
+    distributed_participant_event,
+)
 from fedpriv.secagg.node import StageInfo
 
 
@@ -44,6 +55,9 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     """Book the round in the node's ledger, then train and compute its vector."""
     request = read_user_round(msg, context)
     config = msg.content.config_records[protocol.CONFIG]
+    count_only = userlevel.read_count_only(config)
+    if count_only is not None:
+        return contribute_count(request, config, context, stage, count_only)
     count_noise = userlevel.read_count_noise(config)  # None: fixed clipping
     dimension = sum(t.numel() for t in request.before.values())
     lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
@@ -67,4 +81,21 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
         if count_noise is not None:
             total = np.append(total, (2 * under - 1) * bit_scale)
         vector = noised_vector(total, lattice, share, noise)
+    return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+
+
+def contribute_count(request: UserRound, config: ConfigRecord, context: Context, stage: StageInfo,
+                     count_noise: float) -> tuple[np.ndarray, RecordDict]:
+    """A count-only round: book the count's event, train, and send (2b − 1)·k plus a share."""
+    lattice = read_encoding(config, float(COUNT_ONLY_SCALE), 1)
+    if stage.dimension != 1:  # refused before booking
+        raise protocol.ProtocolError(f"a count-only round sums one coordinate, the secure sum has {stage.dimension}")
+    shares = request.policy.honest_shares
+    charge = Charge(request.entry, (distributed_count_participant_event(count_noise, shares),))
+    ordinal = book(request.policy, request.client, charge, request.budget)
+    with after_booking(charge.entry):
+        _, under = trained_delta(request, context, ordinal)
+        _, _, noise = round_generators(request.policy, context, ordinal, int(request.client), request.server_round)
+        total = np.array([(2 * under - 1) * COUNT_ONLY_SCALE], dtype=np.int64)
+        vector = noised_vector(total, lattice, count_share_stddev(count_noise, shares), noise)
     return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})

@@ -23,7 +23,9 @@ Adaptive clipping: the bit rides in the same secure sum as one more coordinate,
 z_Δ·S·scale is σ_b on the centred count: Andrew et al.'s split, and the round one event of
 sensitivity √(Δ₂² + k²) on d + 1 coordinates. S changes each round, and with it the lattice
 and the event booked (so z is given, not calibrated: ``RunSettings`` refuses
-``target-epsilon`` here).
+``target-epsilon`` here). A count-only round (``clip-warmup-rounds``) securely sums one
+coordinate, (2b − 1)·k for k = ``COUNT_ONLY_SCALE`` (``count_only_lattice``), booked
+``distributed_count_round_event`` for the nominal shares; S steps, the model stays.
 """
 
 from __future__ import annotations
@@ -39,12 +41,17 @@ from flwr.supercore import log
 
 from fedpriv.distributed.contribution import decode_sum
 from fedpriv.distributed.lattice import Lattice
-from fedpriv.distributed.setup import user_level_lattice
+from fedpriv.distributed.setup import count_only_lattice, user_level_lattice
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import DpEvent
-from fedpriv.privacy.userlevel import count_scale, distributed_user_round_event
+from fedpriv.privacy.userlevel import (
+    COUNT_ONLY_SCALE,
+    count_scale,
+    distributed_count_round_event,
+    distributed_user_round_event,
+)
 from fedpriv.secagg import graph
 from server.distributed import record_survivors
 from server.secure_sum import secure_sum
@@ -93,6 +100,21 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
             self.sample_rate, self.lattice.noise_stddev(self.delta_multiplier, self.nominal_shares),
             self.nominal_shares, math.hypot(self.lattice.sensitivity, self.bit_scale), self.lattice.dimension)
 
+    def booked_event(self, server_round: int) -> DpEvent:
+        """The round's population event: the count's alone in a count-only round."""
+        if self.count_only(server_round):
+            assert self.count_noise is not None
+            return distributed_count_round_event(self.sample_rate, self.count_noise, self.nominal_shares)
+        return self.event
+
+    def round_lattice(self, server_round: int) -> Lattice:
+        """The lattice the round's vectors are summed on: the count's alone in a count-only round."""
+        if self.count_only(server_round):
+            assert self.count_noise is not None
+            return count_only_lattice(len(self.nodes), self.count_noise)
+        assert self.lattice is not None
+        return self.lattice
+
     def resolved(self) -> dict[str, Any]:
         """Central user level's, with the noise's origin and the lattice."""
         resolved = super().resolved()
@@ -107,12 +129,11 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         return resolved
 
     def train_config(self, server_round: int) -> dict[str, Any]:
-        """S and z (and σ_b when adaptive), and the lattice the deltas are encoded on."""
-        assert self.lattice is not None
+        """S and z (and σ_b when adaptive), and the lattice the round's vectors are on."""
+        lattice = self.round_lattice(server_round)
         count = {} if self.count_noise is None else {userlevel.COUNT_NOISE: self.count_noise}
-        return {**super().train_config(server_round), **count, protocol.LATTICE_SCALE: self.lattice.scale,
-                protocol.MODULUS_BITS: self.lattice.modulus_bits,
-                protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}
+        return {**super().train_config(server_round), **count, protocol.LATTICE_SCALE: lattice.scale,
+                protocol.MODULUS_BITS: lattice.modulus_bits, protocol.LATTICE_ROUNDING: str(lattice.rounding)}
 
     def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
         """Book the population, sample the cohort, securely sum its encoded noisy deltas and
@@ -120,7 +141,7 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         self._round_start = time.perf_counter()
         self._admit_new(grid, set(grid.get_node_ids()))
         self.event = self.round_event()  # this round's S: its lattice and event
-        assert self.lattice is not None
+        lattice = self.round_lattice(server_round)
         cohort = self._sample_and_book(server_round, grid, evaluate=False)
         self._global, self._sent = arrays, {}
         round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
@@ -134,7 +155,7 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
                                    protocol.SERVER_ROUND: server_round, protocol.RUN_KEY: self.run_key})
             return RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
 
-        result = secure_sum(grid, cohort, dimension=self.lattice.dimension, modulus_bits=self.lattice.modulus_bits,
+        result = secure_sum(grid, cohort, dimension=lattice.dimension, modulus_bits=lattice.modulus_bits,
                             threshold=graph.threshold(len(cohort), self.neighbours), collect_content=content,
                             timeout=timeout, round_key=entry, neighbours=self.neighbours) if cohort else None
         if result is not None:
@@ -149,10 +170,14 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
             return arrays
         log(INFO, "Round %d: secure sum of %d of %d clients, divided by the expected cohort %.1f",
             server_round, len(result.survivors), len(cohort), expected)
-        flat = decode_sum(result.sum, self.lattice).numpy()
+        flat = decode_sum(result.sum, lattice).numpy()
+        if self.count_only(server_round):  # Σ(2b − 1)·k + noise: S steps, the model stays
+            round_log.train_metrics["count_only"] = 1
+            self.adapt_clip(float(flat[0]) / (2 * COUNT_ONLY_SCALE), expected, round_log, self.warmup_lr)
+            return arrays
         if self.count_noise is not None:  # the last coordinate: Σ(2b − 1)·k + noise, in lattice units / scale
             bit_scale, flat = self.bit_scale, flat.copy()
-            self.adapt_clip(float(flat[-1]) * self.lattice.scale / (2 * bit_scale), expected, round_log,
+            self.adapt_clip(float(flat[-1]) * lattice.scale / (2 * bit_scale), expected, round_log,
                             self.clip_lr)
             flat = flat[:-1]
         mean, out, offset = flat / expected, {}, 0

@@ -21,7 +21,7 @@ from fedpriv.models import build_model
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import DpEvent
-from fedpriv.privacy.userlevel import count_scale
+from fedpriv.privacy.userlevel import COUNT_ONLY_SCALE, count_scale
 from fedpriv.training import TrainingPlan
 
 
@@ -110,6 +110,15 @@ def user_level_lattice(clip: float, dimension: int, rounding: Rounding, max_clie
         math.hypot(lattice.sensitivity, count_scale(noise_multiplier * lattice.clip, count_noise))
     return with_headroom(lattice, math.ceil(max_clients * bound / lattice.sensitivity),
                          noise_multiplier * lattice.clip * math.sqrt(max_clients))
+
+
+def count_only_lattice(max_clients: int, count_noise: float) -> Lattice:
+    """The one-coordinate lattice of a distributed count-only round (``clip-warmup-rounds``):
+    each node's (2b − 1)·k, k = ``COUNT_ONLY_SCALE``, is already an integer (scale 1); the
+    smallest modulus in which ``max_clients`` of them cannot wrap, even if each carried all
+    2σ_b·k of the noise."""
+    lattice = Lattice(1.0, float(COUNT_ONLY_SCALE), 1, rounding=Rounding.NEAREST)
+    return with_headroom(lattice, max_clients, 2 * count_noise * COUNT_ONLY_SCALE * math.sqrt(max_clients))
 
 
 MODULUS_BITS = (32, 40, 48, 56, 62)

@@ -193,9 +193,6 @@ class RunSettings:
         if self.privacy is not PrivacyMode.USER or self.clip_quantile is None:
             raise SettingsError("clip-warmup-rounds estimates adaptive clipping's S: it needs privacy = 'user' and "
                                 "clip-quantile")
-        if self.user_noise is UserNoise.DISTRIBUTED:
-            raise SettingsError("clip-warmup-rounds runs with user-noise = 'central' only: a count-only round "
-                                "has no secure sum yet")
         if self.clip_warmup_rounds >= self.rounds:
             raise SettingsError(f"clip-warmup-rounds ({self.clip_warmup_rounds}) must leave at least one of the "
                                 f"{self.rounds} rounds to train")

@@ -15,6 +15,11 @@ is ``count_round_event(q, σ_b)`` = ``PoissonSampledEvent(q, GaussianEvent(2σ_b
 changed flips at most its node's bit (by ≤ 1): ``count_participant_event(σ_b)`` =
 ``GaussianEvent(σ_b)``.
 
+With distributed noise a count-only round is a secure sum of one coordinate, (2b − 1)·k for
+k = ``COUNT_ONLY_SCALE``, each node adding a discrete Gaussian share of std 2σ_b·k/√n for
+the n honest shares its policy guarantees (``count_share_stddev``): n shares carry 2σ_b·k,
+i.e. σ_b on Σ(b − ½). A client's removal moves the coordinate by k, a record's change by 2k.
+
 A node that took part books the round against its *records*: one record added or removed
 moves its clipped delta anywhere within the S-ball (by ≤ 2S) and its bit by ≤ 1, so the
 round is ``GaussianEvent(z / 2)`` to its records (no amplification by the server's
@@ -66,6 +71,30 @@ def count_round_event(sample_rate: float, count_noise: float) -> DpEvent:
 def count_participant_event(count_noise: float) -> DpEvent:
     """What one count-only round a node took part in costs its records (its bit flips: sensitivity 1)."""
     return GaussianEvent(count_noise)
+
+
+COUNT_ONLY_SCALE = 64
+"""k of a distributed count-only round: the bit goes on the lattice as (2b − 1)·k, so that
+each discrete share (2σ_b·k/√n) is many lattice steps wide."""
+
+
+def count_share_stddev(count_noise: float, shares: int) -> float:
+    """One of ``shares`` discrete Gaussian shares that together put σ_b on Σ(b − ½) in a
+    distributed count-only round: 2σ_b·k/√n lattice units."""
+    return 2 * count_noise * COUNT_ONLY_SCALE / math.sqrt(shares)
+
+
+def distributed_count_round_event(sample_rate: float, count_noise: float, shares: int) -> DpEvent:
+    """What one distributed count-only round costs each client of the population: Poisson q of
+    ``shares`` shares of ``count_share_stddev`` on one coordinate, sensitivity k."""
+    return distributed_user_round_event(sample_rate, count_share_stddev(count_noise, shares), shares,
+                                        COUNT_ONLY_SCALE, 1)
+
+
+def distributed_count_participant_event(count_noise: float, shares: int) -> DpEvent:
+    """What one distributed count-only round a node took part in costs its records (its
+    ``shares`` honest shares; a record flips the bit: the coordinate moves by 2k)."""
+    return distributed_participant_event(count_share_stddev(count_noise, shares), shares, COUNT_ONLY_SCALE, 1)
 
 
 def distributed_user_round_event(sample_rate: float, noise_stddev: float, shares: int, sensitivity: float,

@@ -181,8 +181,6 @@ def test_target_epsilon_prices_the_count_only_rounds(tmp_path):
     ({"noise-multiplier": 1.0, "clip-quantile": 0.5, "clip-warmup-rounds": 2}, "privacy = 'user'"),
     ({"privacy": "user", "noise-multiplier": 1.0, "clip-quantile": 0.5, "clip-warmup-rounds": 3, "rounds": 3},
      "leave at least one"),
-    ({"privacy": "user", "user-noise": "distributed", "noise-multiplier": 1.0, "clip-quantile": 0.5,
-      "clip-warmup-rounds": 2, "rounds": 5}, "central"),
     ({"privacy": "user", "noise-multiplier": 1.0, "clip-quantile": 0.5, "clip-warmup-rounds": -1}, ">= 0"),
     ({"privacy": "user", "noise-multiplier": 1.0, "clip-quantile": 0.5, "clip-warmup-lr": 0.0}, "clip-warmup-lr"),
 ])
