@@ -66,8 +66,10 @@ class Progress:
         if accuracy is None:  # evaluate_fn records it before the round is done
             raise RuntimeError(f"round {round_log.round} has no test accuracy")
         eps = max(round_log.epsilon.values(), default=math.nan)
-        log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %.4f, %.1f s",
-            round_log.round, self.rounds, 100 * accuracy, eps, seconds)
+        metrics = round_log.train_metrics
+        count_only = f", count-only (S = {metrics['user_clip']:.3g})" if metrics.get("count_only") else ""
+        log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %.4f, %.1f s%s",
+            round_log.round, self.rounds, 100 * accuracy, eps, seconds, count_only)
         self.bar.set_postfix_str(f"accuracy {100 * accuracy:.2f} %, max ε {eps:.3f}", refresh=False)
         self.bar.update(1)
 
