@@ -18,6 +18,8 @@ Why:
 - Speed: a store object keeps the bytes it last read or wrote and the ledger they parse
   to; a transaction that reads the same bytes under its lock works on a copy of that
   ledger instead of parsing the file again (another writer's bytes differ, and are parsed).
+  The copy equals (``==``) the parse; only a number recorded as an int keeps its spelling
+  ("1", where a parse reads 1.0) in this process's later saves.
 - A corrupt or unreadable file raises ``LedgerError``; the store never silently starts
   an empty ledger over one (that would reset every client's spent ε to 0). Its text names
   the file but not its folder (a node's refusal reaches the server, and a node's paths are
