@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 import dp_accounting
 import pytest
