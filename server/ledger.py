@@ -38,7 +38,7 @@ class ServerLedger:
                 yield ledger
                 self._memory = ledger
             return
-        working = PrivacyLedger.from_dict(self._memory.to_dict())
+        working = self._memory.copy()
         yield working
         self._memory = working
 

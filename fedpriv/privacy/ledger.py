@@ -6,12 +6,17 @@ and the tuple of events it spent. Entries keep the order in which they were reco
 
 Invariants:
 - A client's spent ε is the ε, at its budget's δ, of *all* its recorded events merged
-  (``merge_events``) and composed by one fresh accountant of the ledger's kind.
+  (``merge_events``) and composed by one fresh accountant of the ledger's kind. The merge
+  is kept per client and extended by each record (not redone over its history), and ε is
+  memoised per (accountant kind, δ, merged event), so a round that books the same event
+  for 1,000 clients with equal histories runs the accountant once, whatever the round.
 - ``record`` never leaves a client past the budget it checks against (its own, or the one
   passed in): it raises ``BudgetExceededError`` and changes nothing instead. Recording is
   idempotent per (client, entry).
 - ``save`` is atomic (temp file in the same folder, fsync, ``os.replace``) and ``load``
-  restores a ledger equal (``==``) to the saved one.
+  restores a ledger equal (``==``) to the saved one. The file's text is
+  ``json.dumps(to_dict(), indent=1)``; ``to_json`` writes it from each entry's text, encoded
+  once (entries never change once recorded).
 - JSON schema version 2; version 1 files (entries tagged by integer rounds) still load,
   each round ``r`` becoming the entry key ``str(r)``.
 
@@ -20,15 +25,16 @@ For a ledger shared by processes and kept across runs, see ``fedpriv.privacy.sto
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedpriv.files import write_json_atomic
+from fedpriv.files import write_bytes_atomic
 from fedpriv.privacy.accountants import AccountantKind, make_accountant
 from fedpriv.privacy.events import (
     ComposedEvent,
@@ -40,6 +46,8 @@ from fedpriv.privacy.events import (
 
 SCHEMA = "fedpriv.privacy.ledger"
 SCHEMA_VERSION = 2
+EPSILON_MEMO_SIZE = 65536
+"""How many (accountant kind, δ, merged event) → ε results ``_epsilon_of`` keeps."""
 Events = DpEvent | Iterable[DpEvent]
 
 
@@ -65,12 +73,11 @@ class Budget:
             raise ValueError(f"budget delta must be in (0, 1), got {self.delta!r}")
 
 
-def merge_events(events: Iterable[DpEvent]) -> DpEvent:
-    """One event equivalent to running ``events`` in sequence, with identical leaf events
-    merged: Composed/SelfComposed are unrolled into counts of leaves (mechanisms or
-    Poisson-sampled mechanisms), then rebuilt as SelfComposed(leaf, total count) in
-    first-seen order. R rounds of dpsgd_event(σ, q, s) become dpsgd_event(σ, q, R·s)."""
-    counts: Counter[DpEvent] = Counter()
+def count_leaves(events: Iterable[DpEvent], counts: Mapping[DpEvent, int] | None = None) -> dict[DpEvent, int]:
+    """{leaf: count} of ``events`` run in sequence, added to a copy of ``counts``: Composed
+    and SelfComposed unrolled into counts of leaves (mechanisms or Poisson-sampled
+    mechanisms), in first-seen order (a leaf seen with count 0 keeps its place)."""
+    out = dict(counts or {})
 
     def walk(event: DpEvent, n: int) -> None:
         match event:
@@ -80,12 +87,31 @@ def merge_events(events: Iterable[DpEvent]) -> DpEvent:
                 for e in inner:
                     walk(e, n)
             case _:
-                counts[event] += n
+                out[event] = out.get(event, 0) + n
 
     for event in events:
         walk(event, 1)
+    return out
+
+
+def merged_event(counts: Mapping[DpEvent, int]) -> DpEvent:
+    """SelfComposed(leaf, count) of each leaf with count > 0, in order; one event or a Composed."""
     merged = tuple(SelfComposedEvent(leaf, n) for leaf, n in counts.items() if n > 0)
     return merged[0] if len(merged) == 1 else ComposedEvent(merged)
+
+
+def merge_events(events: Iterable[DpEvent]) -> DpEvent:
+    """One event equivalent to running ``events`` in sequence, with identical leaf events
+    merged (``count_leaves``), rebuilt as SelfComposed(leaf, total count) in first-seen
+    order. R rounds of dpsgd_event(σ, q, s) become dpsgd_event(σ, q, R·s)."""
+    return merged_event(count_leaves(events))
+
+
+@functools.lru_cache(maxsize=EPSILON_MEMO_SIZE)
+def _epsilon_of(kind: AccountantKind, delta: float, merged: DpEvent) -> float:
+    """ε at ``delta`` of the merged event under a fresh accountant of ``kind`` (memoised:
+    accountants are deterministic, so clients with equal merged histories share one)."""
+    return make_accountant(kind).compose(merged).epsilon(delta)
 
 
 def _as_tuple(events: Events) -> tuple[DpEvent, ...]:
@@ -133,11 +159,24 @@ class PrivacyLedger:
         self.ledger_id: str | None = None  # a node's ledger identity (``fedpriv.node``); None: none given
         self.randomness: str | None = None  # a node's: "seeded" once any booking was; None: not a node's
         self._entries: dict[str, dict[str, tuple[DpEvent, ...]]] = {}
-        # ε of all of a client's events, per client and (accountant kind, δ): a value is
-        # only ever read back for the kind and δ it was computed at, so changing
-        # ``budget``, ``client_budgets`` or ``accountant`` later, or checking against
-        # another budget, never returns a stale number. Reset per client by ``record``.
-        self._spent: dict[str, dict[tuple[AccountantKind, float], float]] = {}
+        # Derived from ``_entries``, kept because entries never change once recorded:
+        # per client, ``count_leaves`` of all its events (built on first use, replaced, never
+        # mutated, by ``record``), so spent ε needs no walk over its history; and per client,
+        # how many of its first entries ``to_json`` has encoded and their text (extended by
+        # the next save), so a save encodes only new entries.
+        self._counts: dict[str, dict[DpEvent, int]] = {}
+        self._texts: dict[str, tuple[int, str]] = {}
+
+    def copy(self) -> PrivacyLedger:
+        """An equal ledger that shares nothing mutable with this one (cheap: events and
+        their derived forms are immutable, only the per-client tables are copied)."""
+        other = PrivacyLedger(self.budget, self.accountant, self.client_budgets)
+        other.ledger_id = self.ledger_id
+        other.randomness = self.randomness
+        other._entries = {c: dict(entries) for c, entries in self._entries.items()}
+        other._counts = dict(self._counts)
+        other._texts = dict(self._texts)
+        return other
 
     # --- queries --------------------------------------------------------------------
     def budget_for(self, client: str) -> Budget:
@@ -160,20 +199,24 @@ class PrivacyLedger:
         """All events of ``client`` in recorded order."""
         return tuple(e for evs in self._entries.get(client, {}).values() for e in evs)
 
-    def _epsilon(self, events: tuple[DpEvent, ...], delta: float) -> float:
-        if not events:
+    def _leaf_counts(self, client: str) -> dict[DpEvent, int]:
+        counts = self._counts.get(client)
+        if counts is None:
+            counts = self._counts[client] = count_leaves(self.events(client))
+        return counts
+
+    def _epsilon(self, counts: Mapping[DpEvent, int], delta: float) -> float:
+        """ε at ``delta`` of events with these leaf counts: 0 for none (or only count-0
+        ones, whose merged event every accountant rates 0), else the memoised accountant's."""
+        if not any(counts.values()):
             return 0.0
-        return make_accountant(self.accountant).compose(merge_events(events)).epsilon(delta)
+        return _epsilon_of(self.accountant, delta, merged_event(counts))
 
     def _spent_at(self, client: str, delta: float) -> float:
-        cache = self._spent.setdefault(client, {})
-        key = (self.accountant, delta)
-        if key not in cache:
-            cache[key] = self._epsilon(self.events(client), delta)
-        return cache[key]
+        return self._epsilon(self._leaf_counts(client), delta)
 
     def spent(self, client: str) -> float:
-        """ε spent by ``client`` at its budget's δ (cached)."""
+        """ε spent by ``client`` at its budget's δ (memoised)."""
         return self._spent_at(client, self.budget_for(client).delta)
 
     def spent_at(self, client: str, delta: float) -> float:
@@ -190,7 +233,7 @@ class PrivacyLedger:
         ``budget_for(client)``)? ε is computed at that budget's δ."""
         limit = self.budget_for(client) if budget is None else budget
         _check_budget(limit)
-        after = self._epsilon(self.events(client) + _as_tuple(events), limit.delta)
+        after = self._epsilon(count_leaves(_as_tuple(events), self._leaf_counts(client)), limit.delta)
         return after <= limit.epsilon
 
     # --- mutation -------------------------------------------------------------------
@@ -214,19 +257,42 @@ class PrivacyLedger:
                 )
             return False
         before = self._spent_at(client, limit.delta)
-        after = self._epsilon(self.events(client) + new, limit.delta)
+        counts = count_leaves(new, self._leaf_counts(client))
+        after = self._epsilon(counts, limit.delta)
         if after > limit.epsilon:
             raise BudgetExceededError(
                 f"client {client!r}: spent epsilon {before:.4g} would become {after:.4g}, "
                 f"over its budget epsilon {limit.epsilon:g} (delta {limit.delta:g}, {self.accountant.value})"
             )
         self._entries.setdefault(client, {})[entry] = new
-        self._spent[client] = {(self.accountant, limit.delta): after}
+        self._counts[client] = counts
         return True
 
     # --- persistence ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (schema version 2); ``ledger_id`` and ``randomness`` only where set."""
+        return {
+            **self._head(),
+            "clients": {
+                c: [{"entry": key, "events": [event_to_dict(e) for e in evs]} for key, evs in entries.items()]
+                for c, entries in sorted(self._entries.items())
+            },
+        }
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict(), indent=1)``, character for character (the file's
+        text), joined from each entry's text, encoded once per entry: a save of a ledger
+        that grows by N entries a round encodes N entries, not all of them."""
+        head = json.dumps({**self._head(), "clients": {}}, indent=1)
+        if not self._entries:
+            return head
+        parts = [head[:-len("{}\n}")], "{\n"]
+        for i, client in enumerate(sorted(self._entries)):
+            parts += (",\n" if i else "", self._client_text(client), "\n  ]")
+        parts.append("\n }\n}")
+        return "".join(parts)
+
+    def _head(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
@@ -236,11 +302,18 @@ class PrivacyLedger:
             "budget": {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
             "client_budgets": {c: {"epsilon": b.epsilon, "delta": b.delta}
                                for c, b in sorted(self.client_budgets.items())},
-            "clients": {
-                c: [{"entry": key, "events": [event_to_dict(e) for e in evs]} for key, evs in entries.items()]
-                for c, entries in sorted(self._entries.items())
-            },
         }
+
+    def _client_text(self, client: str) -> str:
+        """``client``'s key and entries as in ``to_json`` (without the closing bracket),
+        extended by the entries recorded since the last call."""
+        entries = self._entries[client]
+        done, text = self._texts.get(client, (0, f"  {json.dumps(client)}: [\n"))
+        if done < len(entries):
+            new = ",\n".join(_entry_text(key, events) for key, events in itertools.islice(entries.items(), done, None))
+            text = f"{text},\n{new}" if done else text + new
+            self._texts[client] = (len(entries), text)
+        return text
 
     @classmethod
     def from_dict(cls, data: Any) -> PrivacyLedger:
@@ -284,7 +357,7 @@ class PrivacyLedger:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a crash leaves either the old file or the new one."""
-        write_json_atomic(path, self.to_dict(), indent=1)
+        write_bytes_atomic(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
@@ -326,3 +399,13 @@ def _read_entry(item: Any, version: int) -> tuple[str, tuple[DpEvent, ...]]:
     if not isinstance(events, list):
         raise TypeError(f"events of entry {key!r} must be a list, got {events!r}")
     return key, tuple(event_from_dict(e) for e in events)
+
+
+_ENTRY_INDENT = "   "  # an entry's depth in the file: the ledger, "clients", the client's list
+
+
+def _entry_text(key: str, events: tuple[DpEvent, ...]) -> str:
+    """One entry as ``json.dumps(ledger, indent=1)`` writes it at its depth (JSON strings
+    hold no raw newline, so every newline is the layout's)."""
+    text = json.dumps({"entry": key, "events": [event_to_dict(e) for e in events]}, indent=1)
+    return _ENTRY_INDENT + text.replace("\n", "\n" + _ENTRY_INDENT)

@@ -15,6 +15,11 @@ Why:
 - A crash leaves the old file or the new one: the file is replaced atomically (temp file,
   fsync, ``os.replace``, then an fsync of the folder so the rename itself is durable).
   The lock lives in a separate file because ``os.replace`` swaps the ledger's inode.
+- Speed: a store object keeps the bytes it last read or wrote and the ledger they parse
+  to; a transaction that reads the same bytes under its lock works on a copy of that
+  ledger instead of parsing the file again (another writer's bytes differ, and are parsed).
+  The copy equals (``==``) the parse; only a number recorded as an int keeps its spelling
+  ("1", where a parse reads 1.0) in this process's later saves.
 - A corrupt or unreadable file raises ``LedgerError``; the store never silently starts
   an empty ledger over one (that would reset every client's spent ε to 0). Its text names
   the file but not its folder (a node's refusal reaches the server, and a node's paths are
@@ -46,7 +51,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedpriv.files import write_json_atomic
+from fedpriv.files import write_bytes_atomic
 from fedpriv.privacy.accountants import AccountantKind
 from fedpriv.privacy.ledger import Budget, LedgerError, PrivacyLedger
 
@@ -64,6 +69,10 @@ class LedgerStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        # The file's bytes as this object last read or wrote them, and the ledger they
+        # parse to (never handed out, only copies): a transaction that finds the same bytes
+        # under its lock copies the ledger instead of parsing the file again.
+        self._cache: tuple[bytes, PrivacyLedger] | None = None
 
     def exists(self) -> bool:
         """Is there a ledger file (readable or not)?"""
@@ -90,11 +99,14 @@ class LedgerStore:
                 ledger = PrivacyLedger(budget, kind)
             ledger.budget = budget
             ledger.accountant = kind
-            before = ledger.to_dict()
+            before = ledger.to_json()
             yield ledger
-            if ledger.to_dict() != before:
-                write_json_atomic(self.path, ledger.to_dict(), indent=1)
+            after = ledger.to_json()
+            if after != before:
+                data = after.encode("utf-8")
+                write_bytes_atomic(self.path, data)
                 _fsync_folder(self.path.parent)
+                self._cache = (data, ledger.copy())
 
     def read(
         self, budget: Budget | None = None, accountant: AccountantKind | str | None = None
@@ -128,7 +140,8 @@ class LedgerStore:
 
     # --- internals ------------------------------------------------------------------
     def _load(self) -> PrivacyLedger | None:
-        """The ledger in the file, None if there is none; ``LedgerError`` if unreadable."""
+        """The ledger in the file (a copy of the cached one if the bytes are the cache's),
+        None if there is none; ``LedgerError`` if unreadable."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -136,14 +149,19 @@ class LedgerStore:
         except OSError as err:
             raise self._error(f"cannot read ledger file {self.path.name!r}: "
                               f"{err.strerror or type(err).__name__}") from err
+        cache = self._cache
+        if cache is not None and cache[0] == data:
+            return cache[1].copy()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise self._error(f"corrupt ledger file {self.path.name!r}: not UTF-8 ({err.reason})") from err
         try:
-            return PrivacyLedger.from_json(text, self.path.name)
+            ledger = PrivacyLedger.from_json(text, self.path.name)
         except LedgerError as err:
             raise self._error(str(err)) from err
+        self._cache = (data, ledger.copy())
+        return ledger
 
     def _error(self, message: str) -> LedgerError:
         """``message`` (naming no folder) as a ``LedgerError``; logged here with the full path."""
