@@ -57,3 +57,15 @@ def test_the_table_reads_the_distributed_column_at_local_modes_training_and_name
     assert local_end <= TARGET and 0.99 * TARGET <= dist_end <= TARGET  # both columns at the end of training
     local_first, dist_first = map(float, rows["epsilon after round 1 (distributed: 15)"])
     assert dist_first == pytest.approx(local_first, rel=0.01)  # one round's 15 steps, σ within 0.2 %
+
+
+def test_the_printed_user_column_is_dp_accountings_smallest_sigma_and_its_epsilon(capsys):
+    """What the sped-up command prints at the issue's shape, recomputed by dp-accounting alone."""
+    assert main(["plan", "--privacy", "user", *SHAPE]) == 0
+    rows = {label: cells for label, *cells in (re.split(r"\s{2,}", line) for line in
+                                               capsys.readouterr().out.splitlines()[1:])}
+    sigma, q = float(rows["noise multiplier"][0]), float(rows["sample rate q"][0])
+    assert q == 0.1 and _dpa(sigma, q, ROUNDS) <= TARGET < _dpa(sigma - 0.01, q, ROUNDS)
+    for r in (1, 12, 24, 36, 48, 50):
+        assert rows[f"epsilon after round {r}"] == [f"{_dpa(sigma, q, r):.4g}"]
+    assert int(rows["rounds affordable"][0]) == ROUNDS and _dpa(sigma, q, ROUNDS + 1) > TARGET
