@@ -38,6 +38,7 @@ from torch import nn
 
 from fedpriv.cache import CacheDir
 from fedpriv.features import COEFFICIENTS, cached_scattering_features, scattering_shape
+from fedpriv.model_names import MODELS
 from fedpriv.seeding import derive_seed
 
 
@@ -121,14 +122,9 @@ def scatter_cnn(
     )
 
 
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "mlp": mlp,
-    "cnn": mnist_cnn,
-    "cifar_cnn": cifar_cnn,
-    "scatter_linear": scatter_linear,
-    "scatter_cnn": scatter_cnn,
-}
-MODELS: tuple[str, ...] = tuple(_BUILDERS)
+_BUILDERS: dict[str, Callable[..., nn.Module]] = dict(
+    zip(MODELS, (mlp, mnist_cnn, cifar_cnn, scatter_linear, scatter_cnn), strict=True)
+)
 
 CHANNELS_LAST: frozenset[str] = frozenset({"cnn"})
 """Models built in ``torch.channels_last``. Not ``cifar_cnn``: on CPU, GroupNorm's

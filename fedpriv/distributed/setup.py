@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from fedpriv.distributed.lattice import Lattice, Rounding, check_headroom, fine_scale
 from fedpriv.dpsgd.config import steps_per_epoch
-from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.calibration import calibrate_distributed_noise
@@ -60,6 +59,8 @@ class DistributedSetup:
 
     def config(self) -> dict[str, str | int | float]:
         """The round's config: the plan, q and the lattice (each node checks them)."""
+        from fedpriv.federation import protocol  # Flower's: not for the planner, which never sends a round
+
         return {**protocol.plan_config(self.plan), protocol.SAMPLE_RATE: self.sample_rate,
                 protocol.LATTICE_SCALE: self.lattice.scale, protocol.MODULUS_BITS: self.lattice.modulus_bits,
                 protocol.LATTICE_ROUNDING: str(self.lattice.rounding)}

@@ -82,7 +82,8 @@ def _smallest_noise(training: Callable[[float], DpEvent], target_epsilon: float,
         return gap(value) <= 0
 
     lo, hi = 0.5 * unit, unit
-    g_lo, g_hi = gap(lo), gap(hi)
+    g_hi = gap(hi)
+    g_lo = gap(lo) if g_hi <= 0 else math.inf  # unevaluated (an RDP curve saved) when doubling replaces lo
     while g_hi > 0:
         lo, hi, g_lo = hi, 2 * hi, g_hi
         if hi > _SIGMA_MAX * unit:

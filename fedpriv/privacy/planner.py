@@ -18,7 +18,13 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
 - ``distributed``: one DP-SGD step per round on the union (``fedpriv.distributed.setup``, what
   the server runs: q = lot / ΣN, the lattice, σ for the nominal cohort of ``cohort`` shares
   under Zhu & Wang's subsampling bound), over as many steps as local mode takes in
-  ``rounds`` rounds, so the two columns compare the same training.
+  ``rounds`` rounds, so the two columns compare the same training: its rounds are steps
+  (``rounds`` = local mode's steps per round × ``Federation.rounds``).
+
+Each mode counts its own rounds: ``rounds`` (planned), ``epsilon`` (ε after each),
+``rounds_affordable``; ``steps_per_round`` (DP-SGD steps, None for user level) and
+``steps_affordable`` (= rounds affordable × steps per round) put the record-level modes
+on one scale, and the table's ε rows compare them at the same training (``table``).
 
 Noise-to-signal is the std of the noise in the aggregated update, per coordinate, in units
 of one contribution's bound (C per example for the record-level modes, per DP-SGD step; S
@@ -98,12 +104,15 @@ def rounds_affordable(round_event: DpEvent, target: float, delta: float, account
 
 
 def _mode(fed: Federation, mode: str, round_event: DpEvent, noise_multiplier: float, sample_rate: float,
-          noise_to_signal: float, **extra: Any) -> dict[str, Any]:
+          noise_to_signal: float, steps_per_round: int | None, **extra: Any) -> dict[str, Any]:
+    """A mode's column: ``fed.rounds`` of its rounds of ``round_event`` (module docstring)."""
     target = fed.target_epsilon
+    affordable = None if target is None else rounds_affordable(round_event, target, fed.delta, fed.accountant)
     return {"mode": mode, "available": True, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
-            **extra, "epsilon": trajectory(round_event, fed.rounds, fed.delta, fed.accountant),
-            "rounds_affordable": None if target is None else rounds_affordable(round_event, target, fed.delta,
-                                                                               fed.accountant),
+            **extra, "rounds": fed.rounds, "steps_per_round": steps_per_round,
+            "epsilon": trajectory(round_event, fed.rounds, fed.delta, fed.accountant),
+            "rounds_affordable": affordable,
+            "steps_affordable": None if affordable is None or steps_per_round is None else affordable * steps_per_round,
             "noise_to_signal": noise_to_signal}
 
 
@@ -114,7 +123,7 @@ def plan_user(fed: Federation) -> dict[str, Any]:
     if z is None:
         assert fed.target_epsilon is not None  # Federation checked it
         z = calibrate_noise_multiplier(fed.target_epsilon, fed.delta, q, fed.rounds, fed.accountant)
-    return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort,
+    return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort, None,
                  expected_cohort=fed.expected_cohort, unit="S per client, per round")
 
 
@@ -136,9 +145,9 @@ def plan_user_distributed(fed: Federation) -> dict[str, Any]:
                                             lattice.sensitivity, dimension, accountant=fed.accountant)
         z = share * math.sqrt(shares) / lattice.clip
     event = distributed_user_round_event(q, lattice.noise_stddev(z, shares), shares, lattice.sensitivity, dimension)
-    return _mode(fed, "user-distributed", event, z, q, z / fed.expected_cohort, expected_cohort=fed.expected_cohort,
-                 shares=shares, sensitivity_inflation=lattice.sensitivity / lattice.clip,
-                 unit="S per client, per round")
+    return _mode(fed, "user-distributed", event, z, q, z / fed.expected_cohort, None,
+                 expected_cohort=fed.expected_cohort, shares=shares,
+                 sensitivity_inflation=lattice.sensitivity / lattice.clip, unit="S per client, per round")
 
 
 def plan_local(fed: Federation) -> dict[str, Any]:
@@ -162,14 +171,13 @@ def plan_local(fed: Federation) -> dict[str, Any]:
     mean = sum(fed.sizes) / len(fed.sizes)
     lot = plan.sample_rate(round(mean)) * mean  # a mean-sized client's expected lot
     return _mode(fed, "local", round_event, plan.noise_multiplier, q,
-                 plan.noise_multiplier / (lot * math.sqrt(fed.expected_cohort)),
-                 num_examples=n, steps_per_round=plan.steps_per_round(n), lot_size=plan.lot_size,
-                 unit="C per example, per DP-SGD step")
+                 plan.noise_multiplier / (lot * math.sqrt(fed.expected_cohort)), plan.steps_per_round(n),
+                 num_examples=n, lot_size=plan.lot_size, unit="C per example, per DP-SGD step")
 
 
 def plan_distributed(fed: Federation) -> dict[str, Any]:
     """Distributed DP (SecAgg and integer noise shares), set up as ``server.distributed`` sets
-    it up, for local mode's number of DP-SGD steps; its rounds are those steps."""
+    it up, for local mode's number of DP-SGD steps; its rounds are those steps, one each."""
     if not fed.sizes:
         return {"mode": "distributed", "available": False, "reason": "needs --records-per-client or --data-sizes"}
     from fedpriv.distributed.setup import distributed_setup
@@ -184,7 +192,7 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
     sigma = setup.plan.noise_multiplier
     steps_fed = dataclasses.replace(fed, rounds=steps)
     return _mode(steps_fed, "distributed", round_event, sigma, setup.sample_rate,
-                 sigma / (setup.sample_rate * total), rounds=steps, shares=fed.expected_cohort,
+                 sigma / (setup.sample_rate * total), 1, shares=fed.expected_cohort,
                  sensitivity_inflation=setup.lattice.sensitivity / setup.lattice.clip,
                  unit="C per example, per DP-SGD step (one step per round)")
 
@@ -206,8 +214,15 @@ def plan(fed: Federation, modes: Sequence[str] = tuple(PLANNERS)) -> dict[str, A
     }
 
 
+def _per_round(m: dict[str, Any], rounds: int) -> int:
+    """A mode's own rounds per round of the federation's ``rounds`` (distributed: its steps)."""
+    return len(m["epsilon"]) // rounds
+
+
 def table(result: dict[str, Any]) -> str:
-    """The plan as text: one column per mode."""
+    """The plan as text: one column per mode, each counting its own rounds; the ε rows are
+    after round r of ``--rounds``, which is round r·k of a mode doing k rounds per round
+    (distributed, one DP-SGD step each: named in the row)."""
     modes = list(result["modes"].values())
     rounds = result["federation"]["rounds"]
 
@@ -220,26 +235,35 @@ def table(result: dict[str, Any]) -> str:
     rows = [["", *(m["mode"] for m in modes)],
             ["noise multiplier", *(cell(m, "noise_multiplier") for m in modes)],
             ["sample rate q", *(cell(m, "sample_rate") for m in modes)],
+            ["DP-SGD steps per round", *(cell(m, "steps_per_round") for m in modes)],
+            ["rounds planned", *(cell(m, "rounds") for m in modes)],
             ["rounds affordable", *(cell(m, "rounds_affordable") for m in modes)],
+            ["DP-SGD steps affordable", *(cell(m, "steps_affordable") for m in modes)],
             ["noise-to-signal", *(cell(m, "noise_to_signal") for m in modes)]]
     marks = sorted({1, rounds, *range(max(1, rounds // 4), rounds + 1, max(1, rounds // 4))})
-    rows += [[f"epsilon after round {r}",
-              *(f"{m['epsilon'][r - 1]:.4g}" if m["available"] else "-" for m in modes)] for r in marks]
+    scaled = [(m["mode"], k) for m in modes if m["available"] and (k := _per_round(m, rounds)) != 1]
+    rows += [[f"epsilon after round {r}" + "".join(f" ({name}: {r * k})" for name, k in scaled),
+              *(f"{m['epsilon'][r * _per_round(m, rounds) - 1]:.4g}" if m["available"] else "-" for m in modes)]
+             for r in marks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """ε per round of each available mode, to ``path`` (PNG)."""
+    """ε per round of each available mode, to ``path`` (PNG); a mode doing k of its rounds per
+    round of ``--rounds`` (distributed) is drawn at its round / k."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rounds = result["federation"]["rounds"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in result["modes"].values():
         if m["available"]:
-            ax.plot(range(1, len(m["epsilon"]) + 1), m["epsilon"], label=m["mode"])
+            k = _per_round(m, rounds)
+            label = m["mode"] if k == 1 else f"{m['mode']} ({k} rounds of one DP-SGD step per round)"
+            ax.plot([i / k for i in range(1, len(m["epsilon"]) + 1)], m["epsilon"], label=label)
     target = result["federation"]["target_epsilon"]
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", label="target")

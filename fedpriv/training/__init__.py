@@ -1,8 +1,11 @@
 """Local training: the plan (``plan``), one round of DP-SGD under it (``local``) and plain
-evaluation (``evaluation``). The names below are the package's API."""
+evaluation (``evaluation``). The names below are the package's API; those of ``local`` and
+``evaluation`` load on first use, so that planning (``plan``: σ, events, the planner) does
+not import torch."""
 
-from fedpriv.training.evaluation import evaluate
-from fedpriv.training.local import default_device, make_optimizer, round_spend, train_round, with_physical_batch
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from fedpriv.training.plan import (
     LRSchedule,
     OptimizerKind,
@@ -12,6 +15,21 @@ from fedpriv.training.plan import (
     default_epochs,
     default_plan,
 )
+
+if TYPE_CHECKING:
+    from fedpriv.training.evaluation import evaluate
+    from fedpriv.training.local import default_device, make_optimizer, round_spend, train_round, with_physical_batch
+
+_TORCH: dict[str, str] = {"evaluate": "evaluation", **dict.fromkeys(
+    ("default_device", "make_optimizer", "round_spend", "train_round", "with_physical_batch"), "local")}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``local`` or ``evaluation``, imported on first use (PEP 562)."""
+    if name not in _TORCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_TORCH[name]}"), name)
+
 
 __all__ = [
     "LRSchedule", "OptimizerKind", "TrainingPlan", "calibrate_plan", "cosine_lr", "default_device", "default_epochs",

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from fedpriv.dpsgd import Clipping, DPSGDConfig, steps_per_epoch
-from fedpriv.models import MODELS
+from fedpriv.model_names import MODELS
 from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event
 from fedpriv.privacy.events import DpEvent
 
