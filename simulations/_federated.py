@@ -164,7 +164,7 @@ def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict
         cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
         sizes=tuple(share_sizes(settings, num_clients, partition_key)), lot_size=settings.lot_size,
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
-        dataset=settings.dataset,
+        dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
     )
     result = plan(fed)
     print(table(result))

@@ -91,6 +91,10 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"),
                       help="a fixed sigma (z for user level): the rounds it affords at --target-epsilon")
     plan.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
+    plan.add_argument("--clip-warmup-rounds", type=_count("count-only rounds", minimum=0), default=0, metavar="W",
+                      help="user level, adaptive clipping: the first W of --rounds release only the noisy count")
+    plan.add_argument("--clip-count-noise", type=_number("clip-count-noise", lambda s: s > 0, "> 0"),
+                      help="σ_b of the noisy count (default: max(cohort / 20, z), as the server sets it)")
     plan.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
     plan.add_argument("--dataset", choices=["mnist", "cifar10"], default="mnist", help="whose default plan (local)")
     plan.add_argument("--out", metavar="F.json", help="also write the plan as JSON")
@@ -120,7 +124,8 @@ def _plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         fed = Federation(population=args.population, rounds=args.rounds, delta=args.delta, cohort=args.cohort,
                          sizes=sizes, lot_size=args.lot_size, local_epochs=args.local_epochs,
                          target_epsilon=args.target_epsilon, noise_multiplier=args.noise_multiplier,
-                         dataset=args.dataset, accountant=AccountantKind(args.accountant))
+                         dataset=args.dataset, accountant=AccountantKind(args.accountant),
+                         count_rounds=args.clip_warmup_rounds, count_noise=args.clip_count_noise)
         result = plan(fed, args.privacy or tuple(PLANNERS))
     except (OSError, ValueError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")

@@ -10,7 +10,10 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
   every round and its N is public (a DP count would add its event).
 - ``user``: user-level DP-FedAvg, q = cohort / population, one ``user_round_event(q, z)`` per
   round for every client, z calibrated by ``calibrate_noise_multiplier(ε, δ, q, R)``
-  (``dpsgd_event(z, q, R)`` is exactly R such rounds).
+  (``dpsgd_event(z, q, R)`` is exactly R such rounds). With ``count_rounds`` W (adaptive
+  clipping's count-only rounds) rounds 1..W are ``count_round_event(q, σ_b)`` and z is
+  calibrated for the R − W after them, as ``server.userlevel`` does (σ_b = ``count_noise``,
+  else m/20 to calibrate and max(m/20, z) to book).
 - ``user-distributed``: user level with the clients' noise shares under SecAgg+
   (``server.userlevel_distributed``): the same q, ``distributed_user_round_event`` for the
   nominal ⌊m⌋ shares carrying z·c on the lattice of S = 1 for the data set's default model
@@ -22,7 +25,7 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
   (``rounds`` = local mode's steps per round × ``Federation.rounds``).
 
 Each mode counts its own rounds: ``rounds`` (planned), ``epsilon`` (ε after each),
-``rounds_affordable``; ``steps_per_round`` (DP-SGD steps, None for user level) and
+``rounds_affordable`` (count-only rounds included); ``steps_per_round`` (DP-SGD steps, None for user level) and
 ``steps_affordable`` (= rounds affordable × steps per round) put the record-level modes
 on one scale, and the table's ε rows compare them at the same training (``table``).
 
@@ -41,8 +44,13 @@ from typing import Any
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
-from fedpriv.privacy.events import DpEvent, SelfComposedEvent
-from fedpriv.privacy.userlevel import distributed_user_round_event, user_round_event
+from fedpriv.privacy.events import ComposedEvent, DpEvent, SelfComposedEvent
+from fedpriv.privacy.userlevel import (
+    count_round_event,
+    distributed_count_round_event,
+    distributed_user_round_event,
+    user_round_event,
+)
 
 MAX_ROUNDS = 1_000_000
 """The most rounds ``rounds_affordable`` looks for."""
@@ -63,6 +71,8 @@ class Federation:
     noise_multiplier: float | None = None
     dataset: str = "mnist"
     accountant: AccountantKind = AccountantKind.RDP
+    count_rounds: int = 0
+    count_noise: float | None = None
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.rounds < 1 or self.local_epochs < 1:
@@ -73,6 +83,15 @@ class Federation:
             raise ValueError("give a target epsilon (to calibrate the noise) or a noise multiplier, or both")
         if any(n < 1 for n in self.sizes):
             raise ValueError("every client holds >= 1 record")
+        if not 0 <= self.count_rounds < self.rounds:
+            raise ValueError(f"count-only rounds must be in [0, rounds = {self.rounds}), got {self.count_rounds}")
+        if self.count_noise is not None and not (math.isfinite(self.count_noise) and self.count_noise > 0):
+            raise ValueError(f"clip-count-noise must be finite and > 0, got {self.count_noise}")
+
+    def count_noise_for(self, noise_multiplier: float | None) -> float:
+        """σ_b of the count-only rounds: ``count_noise``, else max(m/20, z) as the server sets
+        it (m/20 while z is being calibrated: never more than the σ_b then booked)."""
+        return self.count_noise or max(self.expected_cohort / 20, noise_multiplier or 0.0)
 
     @property
     def expected_cohort(self) -> int:
@@ -80,15 +99,30 @@ class Federation:
         return self.population if self.cohort is None else self.cohort
 
 
-def trajectory(round_event: DpEvent, rounds: int, delta: float, accountant: AccountantKind) -> list[float]:
-    """ε after each of rounds 1..R of ``round_event`` (RDP: one curve, R conversions)."""
-    return [epsilon_of(SelfComposedEvent(round_event, r), delta, accountant) for r in range(1, rounds + 1)]
+Warmup = tuple[DpEvent, int]
+"""(a count-only round's event, how many run first)."""
 
 
-def rounds_affordable(round_event: DpEvent, target: float, delta: float, accountant: AccountantKind) -> int:
-    """The most rounds of ``round_event`` whose ε stays ≤ ``target`` (up to ``MAX_ROUNDS``)."""
+def after(round_event: DpEvent, rounds: int, warmup: Warmup | None = None) -> DpEvent:
+    """What rounds 1..``rounds`` cost: the first W of ``warmup``'s event, the rest ``round_event``."""
+    count_event, count_rounds = warmup or (round_event, 0)
+    if rounds <= count_rounds:
+        return SelfComposedEvent(count_event, rounds)
+    trained = SelfComposedEvent(round_event, rounds - count_rounds)
+    return ComposedEvent((SelfComposedEvent(count_event, count_rounds), trained)) if count_rounds else trained
+
+
+def trajectory(round_event: DpEvent, rounds: int, delta: float, accountant: AccountantKind,
+               warmup: Warmup | None = None) -> list[float]:
+    """ε after each of rounds 1..R (RDP: one curve per event, R conversions)."""
+    return [epsilon_of(after(round_event, r, warmup), delta, accountant) for r in range(1, rounds + 1)]
+
+
+def rounds_affordable(round_event: DpEvent, target: float, delta: float, accountant: AccountantKind,
+                      warmup: Warmup | None = None) -> int:
+    """The most rounds (``warmup``'s first) whose ε stays ≤ ``target`` (up to ``MAX_ROUNDS``)."""
     def fits(r: int) -> bool:
-        return epsilon_of(SelfComposedEvent(round_event, r), delta, accountant) <= target
+        return epsilon_of(after(round_event, r, warmup), delta, accountant) <= target
 
     if not fits(1):
         return 0
@@ -104,13 +138,17 @@ def rounds_affordable(round_event: DpEvent, target: float, delta: float, account
 
 
 def _mode(fed: Federation, mode: str, round_event: DpEvent, noise_multiplier: float, sample_rate: float,
-          noise_to_signal: float, steps_per_round: int | None, **extra: Any) -> dict[str, Any]:
-    """A mode's column: ``fed.rounds`` of its rounds of ``round_event`` (module docstring)."""
+          noise_to_signal: float, steps_per_round: int | None, warmup: Warmup | None = None,
+          **extra: Any) -> dict[str, Any]:
+    """A mode's column: ``fed.rounds`` of its rounds of ``round_event`` (module docstring),
+    the first of ``warmup``'s."""
     target = fed.target_epsilon
-    affordable = None if target is None else rounds_affordable(round_event, target, fed.delta, fed.accountant)
+    affordable = None if target is None else \
+        rounds_affordable(round_event, target, fed.delta, fed.accountant, warmup)
     return {"mode": mode, "available": True, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
             **extra, "rounds": fed.rounds, "steps_per_round": steps_per_round,
-            "epsilon": trajectory(round_event, fed.rounds, fed.delta, fed.accountant),
+            "count_only_rounds": warmup[1] if warmup else 0,
+            "epsilon": trajectory(round_event, fed.rounds, fed.delta, fed.accountant, warmup),
             "rounds_affordable": affordable,
             "steps_affordable": None if affordable is None or steps_per_round is None else affordable * steps_per_round,
             "noise_to_signal": noise_to_signal}
@@ -118,12 +156,15 @@ def _mode(fed: Federation, mode: str, round_event: DpEvent, noise_multiplier: fl
 
 def plan_user(fed: Federation) -> dict[str, Any]:
     """User-level DP-FedAvg: q = cohort / population, z for ``rounds`` rounds (or the given one)."""
-    q = fed.expected_cohort / fed.population
+    q, count_rounds = fed.expected_cohort / fed.population, fed.count_rounds
     z = fed.noise_multiplier
     if z is None:
         assert fed.target_epsilon is not None  # Federation checked it
-        z = calibrate_noise_multiplier(fed.target_epsilon, fed.delta, q, fed.rounds, fed.accountant)
-    return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort, None,
+        prior = (count_round_event(q, fed.count_noise_for(None)),) * count_rounds
+        z = calibrate_noise_multiplier(fed.target_epsilon, fed.delta, q, fed.rounds - count_rounds, fed.accountant,
+                                       prior_events=prior)
+    warmup = (count_round_event(q, fed.count_noise_for(z)), count_rounds) if count_rounds else None
+    return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort, None, warmup,
                  expected_cohort=fed.expected_cohort, unit="S per client, per round")
 
 
@@ -141,11 +182,15 @@ def plan_user_distributed(fed: Federation) -> dict[str, Any]:
     z = fed.noise_multiplier
     if z is None:
         assert fed.target_epsilon is not None  # Federation checked it
-        share = calibrate_distributed_noise(fed.target_epsilon, fed.delta, q, fed.rounds, shares,
-                                            lattice.sensitivity, dimension, accountant=fed.accountant)
+        prior = (distributed_count_round_event(q, fed.count_noise_for(None), shares),) * fed.count_rounds
+        share = calibrate_distributed_noise(fed.target_epsilon, fed.delta, q, fed.rounds - fed.count_rounds, shares,
+                                            lattice.sensitivity, dimension, accountant=fed.accountant,
+                                            prior_events=prior)
         z = share * math.sqrt(shares) / lattice.clip
     event = distributed_user_round_event(q, lattice.noise_stddev(z, shares), shares, lattice.sensitivity, dimension)
-    return _mode(fed, "user-distributed", event, z, q, z / fed.expected_cohort, None,
+    warmup = (distributed_count_round_event(q, fed.count_noise_for(z), shares), fed.count_rounds) \
+        if fed.count_rounds else None
+    return _mode(fed, "user-distributed", event, z, q, z / fed.expected_cohort, None, warmup,
                  expected_cohort=fed.expected_cohort, shares=shares,
                  sensitivity_inflation=lattice.sensitivity / lattice.clip, unit="S per client, per round")
 
@@ -209,7 +254,8 @@ def plan(fed: Federation, modes: Sequence[str] = tuple(PLANNERS)) -> dict[str, A
                        "delta": fed.delta, "target_epsilon": fed.target_epsilon,
                        "noise_multiplier": fed.noise_multiplier, "lot_size": fed.lot_size,
                        "local_epochs": fed.local_epochs, "clients_with_sizes": len(fed.sizes),
-                       "accountant": fed.accountant.value},
+                       "accountant": fed.accountant.value, "count_only_rounds": fed.count_rounds,
+                       "clip_count_noise": fed.count_noise},
         "modes": {mode: PLANNERS[mode](fed) for mode in modes},
     }
 
@@ -237,6 +283,8 @@ def table(result: dict[str, Any]) -> str:
             ["sample rate q", *(cell(m, "sample_rate") for m in modes)],
             ["DP-SGD steps per round", *(cell(m, "steps_per_round") for m in modes)],
             ["rounds planned", *(cell(m, "rounds") for m in modes)],
+            *([["of them count-only", *(cell(m, "count_only_rounds") for m in modes)]]
+              if result["federation"].get("count_only_rounds") else []),
             ["rounds affordable", *(cell(m, "rounds_affordable") for m in modes)],
             ["DP-SGD steps affordable", *(cell(m, "steps_affordable") for m in modes)],
             ["noise-to-signal", *(cell(m, "noise_to_signal") for m in modes)]]

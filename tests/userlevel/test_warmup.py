@@ -16,6 +16,7 @@ from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.models import build_model
 from fedpriv.privacy import GaussianEvent, PoissonSampledEvent, PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.privacy.charge import Charge
+from fedpriv.privacy.planner import Federation, plan
 from fedpriv.seeding import derive_seed
 from server.run import run_server
 from server.state import ServerState
@@ -99,6 +100,10 @@ def test_count_only_rounds_move_s_and_not_the_model_and_book_the_counts_closed_f
         want = tuple(GaussianEvent(COUNT_NOISE) if r <= WARMUP else GaussianEvent(Z / 2)  # a record flips the bit
                      for r in range(1, ROUNDS + 1) if cid in replies.get(r, {}))
         assert node.events(cid) == want
+    planned = plan(Federation(population=NODES, cohort=COHORT, rounds=ROUNDS, delta=1e-5, noise_multiplier=Z,
+                              count_rounds=WARMUP, count_noise=COUNT_NOISE), ["user"])["modes"]["user"]
+    for r, round_log in enumerate(history.rounds):  # the planner's trajectory is every client's, from the ledger
+        assert list(round_log.epsilon.values()) == pytest.approx([planned["epsilon"][r]] * NODES, rel=1e-12)
 
 
 def test_a_count_only_reply_carrying_a_delta_or_a_forged_charge_is_rejected():
@@ -187,3 +192,31 @@ def test_target_epsilon_prices_the_count_only_rounds(tmp_path):
 def test_a_bad_warmup_setting_is_refused(config, match):
     with pytest.raises(SettingsError, match=match):
         RunSettings.from_run_config(config)
+
+
+def test_the_planners_user_column_prices_the_count_only_rounds_as_the_server_does():
+    """σ is the server's calibrated z; ε after each round is dp-accounting's for the count
+    rounds at 2σ_b (σ_b = max(m/20, z)) then the training rounds at z; the rounds afforded
+    at a fixed z include the count rounds."""
+    import dp_accounting as dpa
+
+    from server.userlevel import UserLevelFedAvg
+
+    population, cohort, rounds, warmup, target, delta = 200, 40, 30, 10, 3.0, 1e-5
+    planned = plan(Federation(population=population, cohort=cohort, rounds=rounds, delta=delta,
+                              target_epsilon=target, count_rounds=warmup), ["user"])["modes"]["user"]
+    settings = RunSettings.from_run_config({"privacy": "user", "cohort": cohort, "rounds": rounds,
+                                            "target-epsilon": target, "delta": delta, "clip-quantile": 0.5,
+                                            "clip-warmup-rounds": warmup})
+    strategy = UserLevelFedAvg.__new__(UserLevelFedAvg)
+    strategy.sample_rate, strategy.expected_cohort = cohort / population, cohort
+    z = planned["noise_multiplier"]
+    assert z == strategy.calibrated_noise(settings)
+    q, count_noise = cohort / population, max(cohort / 20, z)
+    for r in (1, warmup, warmup + 1, rounds):
+        accountant = dpa.rdp.RdpAccountant()
+        accountant.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(2 * count_noise)), min(r, warmup))
+        if r > warmup:
+            accountant.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), r - warmup)
+        assert planned["epsilon"][r - 1] == pytest.approx(accountant.get_epsilon(delta), rel=1e-9)
+    assert planned["rounds_affordable"] >= rounds and planned["count_only_rounds"] == warmup
