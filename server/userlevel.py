@@ -211,7 +211,8 @@ class UserLevelFedAvg(BudgetedFedAvg):
                 "clip_count_noise": self.count_noise, "clip_quantile": self.quantile, "clip_lr": self.clip_lr,
                 "final_clip": self.clip, "clip_warmup_rounds": self.warmup_rounds,
                 "clip_warmup_lr": self.warmup_lr, "server_randomness": self.randomness.value,
-                "node_event": "GaussianEvent(z / 2) per round taken part in"}}
+                "node_event": "GaussianEvent(z / 2) per round taken part in"
+                              + (", GaussianEvent(σ_b) per count-only round" if self.warmup_rounds else "")}}
 
     def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
         """Book the round for the whole population, then Poisson-sample the cohort."""
