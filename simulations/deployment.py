@@ -383,7 +383,7 @@ def check_netns() -> str | None:
 
 
 def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], target: float | None, out: Path,
-            node_budget: float | None = None) -> str:
+            budget: float | None = None) -> str:
     """What the run did: rounds and the trained model's test accuracy (none without a round:
     the initial model is no result), then each node's ε from its own ledger beside the target
     and the server's count, and everything in ``out``. In user level (``resolved.user_level``)
@@ -394,16 +394,16 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     lines = [f"rounds run: {len(results.get('rounds', []))}"
              + (f" (stopped: {results['stopped']})" if results.get("stopped") else "")
              + ", test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %")]
+    of = f" of target {target:g}" if target is not None else ""
     if (user := (results.get("resolved") or {}).get("user_level")) is not None:
-        of = f" of target {target:g}" if target is not None else ""
         lines += [f"node {client}: record-level ε = {node['epsilon']:.4f}"
-                  + (f" of budget {node_budget:g}" if node_budget is not None else "")
+                  + (f" of budget {budget:g}" if budget is not None else "")
                   + f" in its own ledger ({len(node['entries'])} entries); client {client}: user-level "
                   f"ε = {float(server.get(client, 0.0)):.4f}{of} in the server's population ledger "
                   f"(z = {user['noise_multiplier']:g}, q = {user['sample_rate']:g})"
                   for client, node in nodes.items()]
     else:
-        lines += [f"node {client}: ε = {node['epsilon']:.4f} of target {target:g} in its own ledger "
+        lines += [f"node {client}: ε = {node['epsilon']:.4f}{of} in its own ledger "
                   f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
                   for client, node in nodes.items()]
     entries = sorted(out.iterdir(), key=lambda path: (path.is_dir(), path.name))
