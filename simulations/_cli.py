@@ -177,6 +177,35 @@ def run_config_defaults() -> dict[str, Any]:
         return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
 
 
+USER_LEVEL_KEYS = ("cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
+                   "clip-warmup-rounds", "clip-warmup-lr")
+"""The run-config keys of ``add_user_level``'s flags (each flag is ``--<key>``)."""
+
+
+def add_user_level(parser: argparse.ArgumentParser) -> None:
+    """The user-level flags (``--privacy user``, docs/user-level.md); unset, each keeps
+    pyproject's default."""
+    d = run_config_defaults()
+    user = parser.add_argument_group("user level (--privacy user)")
+    user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
+    user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "
+                                                         f"(default: {d['user-clip']})")
+    user.add_argument("--user-noise", choices=["central", "distributed"],
+                      help="central: the server adds the noise (trusted to); distributed: each sampled client adds a "
+                           "discrete Gaussian share under secure aggregation, the server sees only the noisy sum "
+                           f"(default: {d['user-noise']})")
+    user.add_argument("--clip-quantile", type=unit_interval,
+                      help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
+    user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
+    user.add_argument("--clip-count-noise", type=positive,
+                      help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
+    user.add_argument("--clip-warmup-rounds", type=at_least(0), metavar="W",
+                      help="adaptive clipping: the first W rounds release only the noisy count, placing S before the "
+                           f"model moves (default: {d['clip-warmup-rounds']})")
+    user.add_argument("--clip-warmup-lr", type=positive,
+                      help=f"η of S's update in those count-only rounds (default: {d['clip-warmup-lr']})")
+
+
 def federated_parser(dataset: str) -> Parser:
     """The flags of ``python -m simulations.<dataset>``; an unset flag keeps pyproject's default."""
     d = run_config_defaults()
@@ -247,24 +276,7 @@ def federated_parser(dataset: str) -> Parser:
                    help="distributed mode: SecAgg+ on a random graph where each node masks with and shares its "
                         "secrets among only K others (even; every simulated node's policy accepts K), 0 for "
                         f"all others (default: {d['secagg-neighbours']})")
-    user = p.add_argument_group("user level (--privacy user)")
-    user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
-    user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "
-                                                         f"(default: {d['user-clip']})")
-    user.add_argument("--user-noise", choices=["central", "distributed"],
-                      help="central: the server adds the noise (trusted to); distributed: each sampled client adds a "
-                           "discrete Gaussian share under secure aggregation, the server sees only the noisy sum "
-                           f"(default: {d['user-noise']})")
-    user.add_argument("--clip-quantile", type=unit_interval,
-                      help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
-    user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
-    user.add_argument("--clip-count-noise", type=positive,
-                      help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
-    user.add_argument("--clip-warmup-rounds", type=at_least(0), metavar="W",
-                      help="adaptive clipping: the first W rounds release only the noisy count, placing S before the "
-                           f"model moves (default: {d['clip-warmup-rounds']})")
-    user.add_argument("--clip-warmup-lr", type=positive,
-                      help=f"η of S's update in those count-only rounds (default: {d['clip-warmup-lr']})")
+    add_user_level(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the planner's plan for these flags (python -m fedpriv.privacy plan) and exit")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")

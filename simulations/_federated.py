@@ -48,7 +48,7 @@ from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import federated_parser, flag_message, use_cache_dir
+from simulations._cli import USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
 from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
@@ -59,9 +59,7 @@ _KEYS = (
     "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
     "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
-    "lattice-rounding", "secagg-neighbours",
-    "cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise", "clip-warmup-rounds",
-    "clip-warmup-lr",
+    "lattice-rounding", "secagg-neighbours", *USER_LEVEL_KEYS,
 )
 LOG_FILE = "run.log"
 """In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
@@ -177,20 +175,8 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
     means an explicitly unlimited one (the simulation's choice as the nodes' operator). The
     nodes read their data from the command's ``--data-dir`` (the run config's ``data-dir``,
     made absolute: Ray workers' cwd differs), else from their default cache folder, as the
-    server does. In a distributed run every node aggregates only with all ``clients``
-    nodes (min-cohort), tolerating no dropout or collusion: its share is 1/K of the noise; with
-    ``secagg-neighbours`` k, it accepts SecAgg+'s sparse graph of k neighbours (no fewer). In a
-    distributed user-level run its min-cohort is half the expected cohort (rounded up): a
-    Poisson cohort below it is refused, and each share is sized for that many."""
+    server does; the keys of the run's privacy mode are ``mode_policy``'s."""
     data_dir = {"data-dir": str(Path(run_config["data-dir"]).resolve())} if run_config.get("data-dir") else {}
-    neighbours = int(run_config.get("secagg-neighbours", 0))
-    user = run_config.get("privacy") == "user"
-    distributed = {"allow-distributed": True, "min-cohort": clients} if run_config.get("privacy") == "distributed" \
-        else {}
-    if user and run_config.get("user-noise") == "distributed":
-        distributed = {"allow-distributed": True, "min-cohort": math.ceil((run_config.get("cohort") or clients) / 2)}
-    if distributed and neighbours:
-        distributed["min-secagg-neighbours"] = neighbours
     return {
         "epsilon-budget": epsilon_budget or math.inf,
         "delta": float(run_config["delta"]),
@@ -201,10 +187,29 @@ def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilo
         "public-num-examples": num_examples_noise is None,
         "num-examples-noise": num_examples_noise or 20.0,
         "allow-evaluate": float(run_config["fraction-evaluate"]) > 0,
-        **distributed,
-        "allow-central-user": user and run_config.get("user-noise") != "distributed",  # it runs the server it trusts
+        **mode_policy(run_config, clients),
         **data_dir,
     }
+
+
+def mode_policy(run_config: Mapping[str, Any], clients: int) -> dict[str, Any]:
+    """The policy keys with which the operator of ``clients`` nodes (the simulations', the
+    deployment's) lets them take part in the run's privacy mode. In a distributed run every
+    node aggregates only with all ``clients`` nodes (min-cohort), tolerating no dropout or
+    collusion: its share is 1/K of the noise; with ``secagg-neighbours`` k, it accepts
+    SecAgg+'s sparse graph of k neighbours (no fewer). In a distributed user-level run its
+    min-cohort is half the expected cohort (rounded up): a Poisson cohort below it is refused,
+    and each share is sized for that many. In a central user-level run it trusts the server
+    to add the noise (``allow-central-user``): the operator runs, or vouches for, that server."""
+    neighbours = int(run_config.get("secagg-neighbours", 0))
+    user = run_config.get("privacy") == "user"
+    distributed = {"allow-distributed": True, "min-cohort": clients} if run_config.get("privacy") == "distributed" \
+        else {}
+    if user and run_config.get("user-noise") == "distributed":
+        distributed = {"allow-distributed": True, "min-cohort": math.ceil((run_config.get("cohort") or clients) / 2)}
+    if distributed and neighbours:
+        distributed["min-secagg-neighbours"] = neighbours
+    return {**distributed, "allow-central-user": user and run_config.get("user-noise") != "distributed"}
 
 
 @contextlib.contextmanager

@@ -28,7 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulations._cli import PROJECT_ROOT, Parser, at_least, delta, even_or_zero, positive
+from simulations._cli import (
+    PROJECT_ROOT,
+    USER_LEVEL_KEYS,
+    Parser,
+    add_user_level,
+    at_least,
+    delta,
+    even_or_zero,
+    non_negative,
+    positive,
+)
 
 if TYPE_CHECKING:
     from simulations._processes import Started
@@ -74,11 +84,17 @@ def build_parser() -> Parser:
     p.add_argument("--nodes", type=at_least(1), required=True, help="SuperNodes to start")
     p.add_argument("--rounds", type=at_least(1), required=True, help="federated rounds")
     p.add_argument("--min-clients", type=at_least(1), help="nodes the server waits for (default: --nodes)")
-    p.add_argument("--target-epsilon", type=positive, default=1.0,
-                   help="the server calibrates σ so each node ends at ≤ ε (default: 1)")
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument("--target-epsilon", type=positive,
+                       help="the server calibrates σ so each node (user level: each client, in the server's "
+                            "population ledger) ends at ≤ ε (default: 1, unless --noise-multiplier)")
+    noise.add_argument("--noise-multiplier", type=non_negative,
+                       help="a fixed σ (user level: z) instead of calibrating one to --target-epsilon")
     p.add_argument("--delta", type=delta, default=1e-5, help="δ (default: 1e-5)")
     p.add_argument("--node-epsilon-budget", type=positive,
-                   help="ε budget in each node's own policy (default: --target-epsilon)")
+                   help="record-level ε budget in each node's own policy (default: --target-epsilon; needed with "
+                        "--noise-multiplier and with --privacy user, where a node's ledger books z/2 per round it "
+                        "takes part in, not the clients' user-level ε)")
     p.add_argument("--limit-train", type=at_least(1), help="use the first N MNIST training examples (default: all)")
     p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
     p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout, the server's and each "
@@ -87,12 +103,17 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
     p.add_argument("--round-timeout", type=positive, default=600.0,
                    help="seconds a round waits for replies; later nodes failed the round (default: 600)")
-    p.add_argument("--privacy", choices=["local", "distributed"], default="local",
+    p.add_argument("--privacy", choices=["local", "distributed", "user"], default="local",
                    help="local: each node noises its update; distributed: integer noise shares under secure "
-                        "aggregation, every node's policy allowing it with min-cohort = --nodes (default: local)")
+                        "aggregation, every node's policy allowing it with min-cohort = --nodes; user: user-level "
+                        "DP-FedAvg (docs/user-level.md) with --user-noise central, where every node's operator opts "
+                        "in to trusting the server with the noise (allow-central-user = true: its clipped delta "
+                        "leaves un-noised), or distributed, every node's policy allowing integer noise shares under "
+                        "secure aggregation with min-cohort = ⌈cohort / 2⌉ (default: local)")
     p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
                    help="distributed mode: SecAgg+ with K neighbours per node (even), every node's policy "
                         "accepting K (min-secagg-neighbours); 0: all others (default: 0)")
+    add_user_level(p)
     p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
     p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
@@ -103,10 +124,13 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
     """The run config ``flwr run`` sends (the server's settings, not the nodes' policies)."""
     config: dict[str, Any] = {
         "dataset": "mnist", "rounds": args.rounds, "min-clients": args.min_clients or args.nodes,
-        "target-epsilon": args.target_epsilon, "delta": args.delta, "seed": args.seed,
+        "delta": args.delta, "seed": args.seed,
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
         "round-timeout": args.round_timeout, "privacy": args.privacy, "secagg-neighbours": args.secagg_neighbours,
     }
+    for key in ("target-epsilon", "noise-multiplier", *USER_LEVEL_KEYS):
+        if (value := getattr(args, key.replace("-", "_"))) is not None:
+            config[key] = value
     if args.limit_train:
         config["limit-train"] = args.limit_train
     if args.data_dir:
@@ -137,18 +161,12 @@ def freeze_app(folder: Path) -> str:
 
 
 def node_policy(node: NodeFiles, epsilon_budget: float, delta_: float, app: str,
-                data_dir: Path | None = None, min_cohort: int | None = None,
-                min_neighbours: int = 0) -> dict[str, Any]:
+                data_dir: Path | None = None, mode: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a node's operator promises: its budget, own state, CSPRNG noise, the pinned app,
-    the folder of its own data (``None``: its default cache folder), and, with
-    ``min_cohort``, distributed rounds with at least that many nodes (on SecAgg+'s sparse
-    graph with at least ``min_neighbours`` neighbours, where not 0)."""
+    the folder of its own data (``None``: its default cache folder), and the keys that let
+    it take part in the run's privacy mode (``simulations._federated.mode_policy``)."""
     policy: dict[str, Any] = {"epsilon-budget": epsilon_budget, "delta": delta_, "state-dir": str(node.state),
-                              "randomness": "secure", "trusted-apps": [app]}
-    if min_cohort is not None:
-        policy |= {"allow-distributed": True, "min-cohort": min_cohort}
-    if min_cohort is not None and min_neighbours:
-        policy["min-secagg-neighbours"] = min_neighbours
+                              "randomness": "secure", "trusted-apps": [app], **(mode or {})}
     if data_dir is not None:
         policy["data-dir"] = str(Path(data_dir).resolve())
     return policy
@@ -169,9 +187,10 @@ class Deployment:
         self.supernodes: dict[int, Any] = {}
 
     def prepare(self, epsilon_budget: float, delta_: float, app: str, data_dir: Path | None = None,
-                min_cohort: int | None = None, min_neighbours: int = 0) -> None:
+                mode: Mapping[str, Any] | None = None) -> None:
         """Certificates and keys (kept across restarts), each node's policy (its data in
-        ``data_dir``), its ledger where never initialised, and pin shim."""
+        ``data_dir``, ``mode`` its privacy mode's keys), its ledger where never initialised,
+        and pin shim."""
         from clients.pinned import write_shim
         from fedpriv.certificates import write_node_key, write_tls
         from fedpriv.federation.policy import policy_file_text
@@ -186,7 +205,7 @@ class Deployment:
                 key, public = write_node_key(node.folder, "auth")
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
-            policy = node_policy(node, epsilon_budget, delta_, app, data_dir, min_cohort, min_neighbours)
+            policy = node_policy(node, epsilon_budget, delta_, app, data_dir, mode)
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
             init_nodes(node.policy, [i])  # `python -m fedpriv.node init`, once: a lost ledger stays lost
 
@@ -363,29 +382,73 @@ def check_netns() -> str | None:
     return None
 
 
-def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], target: float, out: Path) -> str:
+def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], target: float | None, out: Path,
+            budget: float | None = None) -> str:
     """What the run did: rounds and the trained model's test accuracy (none without a round:
     the initial model is no result), then each node's ε from its own ledger beside the target
-    and the server's count, and everything in ``out``."""
+    and the server's count, and everything in ``out``. In user level (``resolved.user_level``)
+    the two are different guarantees, each labelled: a node's record-level ε in its own
+    ledger, beside its budget, and a client's user-level ε in the server's population ledger."""
     accuracy = results.get("final_accuracy") if results.get("rounds") else None
     server = results.get("final_epsilon", {})
     lines = [f"rounds run: {len(results.get('rounds', []))}"
              + (f" (stopped: {results['stopped']})" if results.get("stopped") else "")
              + ", test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %")]
-    lines += [f"node {client}: ε = {node['epsilon']:.4f} of target {target:g} in its own ledger "
-              f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
-              for client, node in nodes.items()]
+    of = f" of target {target:g}" if target is not None else ""
+    if (user := (results.get("resolved") or {}).get("user_level")) is not None:
+        lines += [f"node {client}: record-level ε = {node['epsilon']:.4f}"
+                  + (f" of budget {budget:g}" if budget is not None else "")
+                  + f" in its own ledger ({len(node['entries'])} entries); client {client}: user-level "
+                  f"ε = {float(server.get(client, 0.0)):.4f}{of} in the server's population ledger "
+                  f"(z = {user['noise_multiplier']:g}, q = {user['sample_rate']:g})"
+                  for client, node in nodes.items()]
+    else:
+        lines += [f"node {client}: ε = {node['epsilon']:.4f}{of} in its own ledger "
+                  f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
+                  for client, node in nodes.items()]
     entries = sorted(out.iterdir(), key=lambda path: (path.is_dir(), path.name))
     lines.append(f"written to {out}: " + ", ".join(path.name + "/" * path.is_dir() for path in entries)
                  + f"; each node's ledger: {out / 'nodes'}/<i>/state/ledger.json")
     return "\n".join(lines)
 
 
+def node_budget(parser: Parser, args: Any) -> float:
+    """Each node's record-level ε budget: ``--node-epsilon-budget``, else the target ε where
+    that is the nodes' (not in user level, where it is the clients')."""
+    if args.node_epsilon_budget:
+        return float(args.node_epsilon_budget)
+    if args.privacy == "user" or args.target_epsilon is None:
+        parser.error("--node-epsilon-budget is needed with " + ("--privacy user: a node's ledger books z/2 per "
+                     "round it takes part in, not the clients' user-level ε" if args.privacy == "user" else
+                     "--noise-multiplier: no target ε to default to"))
+    return float(args.target_epsilon)
+
+
+def checked_run_config(parser: Parser, args: Any, out: Path) -> dict[str, Any]:
+    """``run_config`` fused with pyproject's defaults, as the apps will read it; a value they
+    would refuse (``RunSettings``) is one ``parser.error`` line naming its flag."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    from fedpriv.federation.settings import RunSettings
+    from simulations._cli import flag_message
+    from simulations._federated import FLAGS
+
+    fused = get_fused_config_from_dir(PROJECT_ROOT, run_config(args, out))
+    try:
+        RunSettings.from_run_config(fused)
+    except ValueError as err:
+        parser.error(flag_message(str(err), FLAGS | {"min-clients": "--min-clients"}))
+    return fused
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.target_epsilon is None and args.noise_multiplier is None:
+        args.target_epsilon = 1.0
     if args.min_clients and args.min_clients > args.nodes:
         parser.error(f"--min-clients {args.min_clients} is more than --nodes {args.nodes}")
+    budget = node_budget(parser, args)
     out = args.out.resolve()
     if args.resume and not (out / "server").exists():
         parser.error(f"--resume: {out / 'server'} holds no run to continue")
@@ -400,6 +463,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.netns = False
     from simulations._processes import ProcessError, terminate_as_interrupt
 
+    fused = checked_run_config(parser, args, out)
+    from simulations._federated import mode_policy
+
     out.mkdir(parents=True, exist_ok=True)
     config = run_config(args, out)
     with ExitStack() as stack:
@@ -412,9 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         deployment = Deployment(out, args.nodes, network)
         stack.callback(deployment.close)
         app = freeze_app(out / "app")
-        deployment.prepare(args.node_epsilon_budget or args.target_epsilon, args.delta, app,
-                           Path(args.data_dir) if args.data_dir else None,
-                           args.nodes if args.privacy == "distributed" else None, args.secagg_neighbours)
+        deployment.prepare(budget, args.delta, app, Path(args.data_dir) if args.data_dir else None,
+                           mode_policy(fused, args.nodes))
         try:
             deployment.start_superlink()
             for i in range(args.nodes):
@@ -432,7 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     write_json_atomic(out / "nodes.json", nodes)
     results = json.loads((out / "results.json").read_text())
-    print(summary(results, nodes, args.target_epsilon, out))
+    print(summary(results, nodes, args.target_epsilon, out, budget))
     return {"results": results, "nodes": nodes}
 
 

@@ -17,8 +17,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 WORKERS = 2
 """pytest-xdist workers when no ``-n`` is given (``-n 0`` or ``-p no:xdist``: none)."""
-CLUSTERS = ("tests/flower/test_deployment.py", "tests/flower/test_ray_cluster.py",
-            "tests/flower/test_cifar_simulation.py", "tests/flower/test_flwr_run.py", "tests/flower/test_simulation.py",
+CLUSTERS = ("tests/flower/test_deployment.py", "tests/flower/test_deployment_userlevel.py",
+            "tests/flower/test_ray_cluster.py", "tests/flower/test_cifar_simulation.py",
+            "tests/flower/test_flwr_run.py", "tests/flower/test_simulation.py",
             "tests/algorithms/test_classic_command.py::test_federated_across_two_flower_clients")
 """Tests that start a Ray cluster or a Flower deployment (many processes each, mostly
 waiting): one at a time, on one worker; the others fill the second."""
