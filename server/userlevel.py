@@ -42,7 +42,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -257,7 +257,7 @@ class UserLevelFedAvg(BudgetedFedAvg):
         round_log = self.history.start_round(server_round, [s.assignment.client_id for s in self._sent.values()])
         count_only = self.count_only(server_round)
         charge = Charge(protocol.train_entry(self.run_key, server_round), (self.node_event(server_round),))
-        accepted: list[tuple[str, ArrayRecord, float]] = []
+        accepted: list[tuple[str, RecordDict]] = []
         for sent, reply in self._answers(replies, round_log):
             cid = sent.assignment.client_id
             problem = check_user_reply(reply, charge, self._global, self.clip, count_only)
@@ -265,36 +265,38 @@ class UserLevelFedAvg(BudgetedFedAvg):
                 round_log.rejected[cid] = problem
                 log(WARNING, "Rejected update of client %s: %s", cid, problem)
             else:
-                content = reply.content
-                bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
-                assert isinstance(bit, (int, float))  # check_user_reply refused any other
-                accepted.append((cid, ArrayRecord() if count_only else content.array_records[protocol.ARRAYS],
-                                 float(bit)))
-        expected = self.sample_rate * len(self._population)
-        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
-                                   "expected_cohort": expected}
+                accepted.append((cid, reply.content))
+        expected = self.open_metrics(round_log)
         if self.close_round(round_log, len(accepted)):
             return None, None
+        accepted.sort(key=lambda item: client_order(item[0]))  # float sums must not depend on arrival order
+        bits = [_bit(content) for _, content in accepted]
         if count_only:
             round_log.train_metrics["count_only"] = 1
-            self.adapt_clip(self.noisy_count(accepted), expected, round_log, self.warmup_lr)
+            self.adapt_clip(self.noisy_count(bits), expected, round_log, self.warmup_lr)
             return None, None
-        accepted.sort(key=lambda item: client_order(item[0]))  # float sums must not depend on arrival order
         out = {}
         for name, array in self._global.items():
-            total = sum((delta[name].numpy().astype(np.float64) for _, delta, _ in accepted),
-                        np.zeros(array.shape, dtype=np.float64))
+            total = sum((content.array_records[protocol.ARRAYS][name].numpy().astype(np.float64)
+                         for _, content in accepted), np.zeros(array.shape, dtype=np.float64))
             total += self._noise.normal(tuple(array.shape), self.delta_multiplier * self.clip)
             updated = array.numpy().astype(np.float64) + total / expected
             out[name] = Array(updated.astype(array.numpy().dtype))
         if self.quantile is not None:
-            self.adapt_clip(self.noisy_count(accepted), expected, round_log, self.clip_lr)
+            self.adapt_clip(self.noisy_count(bits), expected, round_log, self.clip_lr)
         return ArrayRecord(out), None
 
-    def noisy_count(self, accepted: list[tuple[str, ArrayRecord, float]]) -> float:
-        """Σ(b − ½) + N(0, σ_b²) over the accepted replies (the round's last draw)."""
+    def open_metrics(self, round_log: RoundLog) -> float:
+        """The expected cohort m = q·|P| of the round, logged with S and |P| in its train metrics."""
+        expected = self.sample_rate * len(self._population)
+        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
+                                   "expected_cohort": expected}
+        return expected
+
+    def noisy_count(self, bits: Iterable[float]) -> float:
+        """Σ(b − ½) + N(0, σ_b²) over the accepted replies' bits (the round's last draw)."""
         assert self.count_noise is not None
-        return sum(bit - 0.5 for _, _, bit in accepted) + float(self._noise.normal((1,), self.count_noise)[0])
+        return sum(bit - 0.5 for bit in bits) + float(self._noise.normal((1,), self.count_noise)[0])
 
     def adapt_clip(self, centred: float, expected: float, round_log: RoundLog, lr: float) -> None:
         """Andrew et al.'s step of size η = ``lr`` from the noisy centred count
@@ -303,3 +305,10 @@ class UserLevelFedAvg(BudgetedFedAvg):
         estimate = centred / expected + 0.5
         self.clip *= math.exp(-lr * (estimate - self.quantile))
         round_log.train_metrics["under_clip_estimate"] = estimate
+
+
+def _bit(content: RecordDict) -> float:
+    """The bit 1[‖Δ‖ ≤ S] of a reply ``check_user_reply`` accepted."""
+    bit = content.metric_records[userlevel.USER][userlevel.UNDER_CLIP]
+    assert isinstance(bit, (int, float))  # check_user_reply refused any other
+    return float(bit)

@@ -145,9 +145,7 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         cohort = self._sample_and_book(server_round, grid, evaluate=False)
         self._global, self._sent = arrays, {}
         round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
-        expected = self.sample_rate * len(self._population)
-        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
-                                   "expected_cohort": expected}
+        expected = self.open_metrics(round_log)
         entry = protocol.train_entry(self.run_key, server_round)
 
         def content(node: int) -> RecordDict:
