@@ -11,24 +11,17 @@ The engine's names (``engine``, ``modules``) load on first use, so that a plan's
 configuration (``config``) does not import torch.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedpriv.dpsgd.config import Clipping, ConfigError, DPSGDConfig, GradSampleMode, steps_per_epoch
+from fedpriv.lazy import lazy_names
 
 if TYPE_CHECKING:
     from fedpriv.dpsgd.engine import TrainReport, train_dpsgd
     from fedpriv.dpsgd.modules import UnsupportedModuleError
 
 _TORCH: dict[str, str] = {"TrainReport": "engine", "train_dpsgd": "engine", "UnsupportedModuleError": "modules"}
-
-
-def __getattr__(name: str) -> Any:
-    """A name of ``engine`` or ``modules``, imported on first use (PEP 562)."""
-    if name not in _TORCH:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_TORCH[name]}"), name)
-
+__getattr__ = lazy_names(__name__, _TORCH)
 
 __all__ = [
     "Clipping",

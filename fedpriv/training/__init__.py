@@ -3,9 +3,9 @@ evaluation (``evaluation``). The names below are the package's API; those of ``l
 ``evaluation`` load on first use, so that planning (``plan``: σ, events, the planner) does
 not import torch."""
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fedpriv.lazy import lazy_names
 from fedpriv.training.plan import (
     LRSchedule,
     OptimizerKind,
@@ -22,14 +22,7 @@ if TYPE_CHECKING:
 
 _TORCH: dict[str, str] = {"evaluate": "evaluation", **dict.fromkeys(
     ("default_device", "make_optimizer", "round_spend", "train_round", "with_physical_batch"), "local")}
-
-
-def __getattr__(name: str) -> Any:
-    """A name of ``local`` or ``evaluation``, imported on first use (PEP 562)."""
-    if name not in _TORCH:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_TORCH[name]}"), name)
-
+__getattr__ = lazy_names(__name__, _TORCH)
 
 __all__ = [
     "LRSchedule", "OptimizerKind", "TrainingPlan", "calibrate_plan", "cosine_lr", "default_device", "default_epochs",

@@ -59,7 +59,7 @@ ORDERS: tuple[float, ...] = tuple(
 def _quiet_absl() -> Iterator[None]:
     """Silence dp-accounting's "failed to converge ... Excluding this order" warnings:
     an excluded order is +inf on the grid, which can only make ε larger (sound), and
-    calibration's bisection would otherwise print dozens of them."""
+    calibration's search would otherwise print dozens of them."""
     logger = logging.getLogger("absl")
     previous = logger.level
     logger.setLevel(logging.ERROR)
