@@ -50,10 +50,12 @@ from fedpriv.dpsgd.csprng import secure_uniform
 from fedpriv.dpsgd.noise import secure_normal
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsError
-from fedpriv.privacy import BudgetExceededError, LedgerError, calibrate_noise_multiplier
+from fedpriv.privacy import BudgetExceededError, LedgerError
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.userlevel import (
+    calibrate_user_noise,
+    count_noise,
     count_participant_event,
     count_round_event,
     delta_noise_multiplier,
@@ -152,7 +154,7 @@ class UserLevelFedAvg(BudgetedFedAvg):
             self.calibrated_noise(settings)
         self.quantile = settings.clip_quantile
         self.clip_lr = settings.clip_lr
-        self.count_noise = (settings.clip_count_noise or max(self.expected_cohort / 20, self.noise_multiplier)) \
+        self.count_noise = count_noise(settings.clip_count_noise, self.expected_cohort, self.noise_multiplier) \
             if self.quantile else None
         self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
@@ -171,10 +173,9 @@ class UserLevelFedAvg(BudgetedFedAvg):
         ``round_event``. The count-only rounds are priced at σ_b = ``clip-count-noise`` or m/20,
         never above the σ_b the run then uses (max(m/20, z)): the target holds."""
         assert settings.target_epsilon is not None  # RunSettings requires it without noise-multiplier
-        warmup = settings.clip_warmup_rounds
-        prior = (count_round_event(self.sample_rate, settings.clip_count_noise or self.expected_cohort / 20),) * warmup
-        return calibrate_noise_multiplier(settings.target_epsilon, settings.delta, self.sample_rate,
-                                          settings.rounds - warmup, prior_events=prior)
+        return calibrate_user_noise(settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds,
+                                    settings.clip_warmup_rounds,
+                                    count_noise(settings.clip_count_noise, self.expected_cohort, None))
 
     def round_event(self) -> DpEvent:
         """What one training round costs each client of the population (its population-ledger booking)."""

@@ -9,7 +9,7 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
   client its own, σ calibrated by ``calibrate_plan``); a client's trajectory assumes it trains
   every round and its N is public (a DP count would add its event).
 - ``user``: user-level DP-FedAvg, q = cohort / population, one ``user_round_event(q, z)`` per
-  round for every client, z calibrated by ``calibrate_noise_multiplier(ε, δ, q, R)``
+  round for every client, z calibrated by ``calibrate_user_noise`` (the server's)
   (``dpsgd_event(z, q, R)`` is exactly R such rounds). With ``count_rounds`` W (adaptive
   clipping's count-only rounds) rounds 1..W are ``count_round_event(q, σ_b)`` and z is
   calibrated for the R − W after them, as ``server.userlevel`` does (σ_b = ``count_noise``,
@@ -43,9 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
-from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
+from fedpriv.privacy.calibration import calibrate_distributed_noise
 from fedpriv.privacy.events import ComposedEvent, DpEvent, SelfComposedEvent
 from fedpriv.privacy.userlevel import (
+    calibrate_user_noise,
+    count_noise,
     count_round_event,
     distributed_count_round_event,
     distributed_user_round_event,
@@ -89,9 +91,8 @@ class Federation:
             raise ValueError(f"clip-count-noise must be finite and > 0, got {self.count_noise}")
 
     def count_noise_for(self, noise_multiplier: float | None) -> float:
-        """σ_b of the count-only rounds: ``count_noise``, else max(m/20, z) as the server sets
-        it (m/20 while z is being calibrated: never more than the σ_b then booked)."""
-        return self.count_noise or max(self.expected_cohort / 20, noise_multiplier or 0.0)
+        """σ_b of the count-only rounds, as the server sets it (``userlevel.count_noise``)."""
+        return count_noise(self.count_noise, self.expected_cohort, noise_multiplier)
 
     @property
     def expected_cohort(self) -> int:
@@ -160,9 +161,8 @@ def plan_user(fed: Federation) -> dict[str, Any]:
     z = fed.noise_multiplier
     if z is None:
         assert fed.target_epsilon is not None  # Federation checked it
-        prior = (count_round_event(q, fed.count_noise_for(None)),) * count_rounds
-        z = calibrate_noise_multiplier(fed.target_epsilon, fed.delta, q, fed.rounds - count_rounds, fed.accountant,
-                                       prior_events=prior)
+        z = calibrate_user_noise(fed.target_epsilon, fed.delta, q, fed.rounds, count_rounds,
+                                 fed.count_noise_for(None), fed.accountant)
     warmup = (count_round_event(q, fed.count_noise_for(z)), count_rounds) if count_rounds else None
     return _mode(fed, "user", user_round_event(q, z), z, q, z / fed.expected_cohort, None, warmup,
                  expected_cohort=fed.expected_cohort, unit="S per client, per round")

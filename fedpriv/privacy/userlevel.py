@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import math
 
+from fedpriv.privacy.accountants import AccountantKind
+from fedpriv.privacy.calibration import calibrate_noise_multiplier
 from fedpriv.privacy.events import (
     DistributedDiscreteGaussianEvent,
     DpEvent,
@@ -51,6 +53,24 @@ from fedpriv.privacy.events import (
     PoissonSampledEvent,
     check_sample_rate,
 )
+
+
+def count_noise(given: float | None, expected_cohort: float, noise_multiplier: float | None) -> float:
+    """σ_b of the count: ``given`` (``clip-count-noise``), else max(m/20, z) — Andrew et al.'s
+    m/20, at least z so small cohorts keep z_Δ ≤ 1.16 z; m/20 while z is being calibrated
+    (``noise_multiplier`` None), never more than the σ_b then booked."""
+    return given or max(expected_cohort / 20, noise_multiplier or 0.0)
+
+
+def calibrate_user_noise(target_epsilon: float, delta: float, sample_rate: float, rounds: int,
+                         count_rounds: int, count_prior_noise: float,
+                         accountant: AccountantKind | str = AccountantKind.RDP) -> float:
+    """z for ``target_epsilon`` after ``count_rounds`` count-only rounds (``count_round_event``
+    at σ_b = ``count_prior_noise``) and ``rounds`` − ``count_rounds`` rounds of
+    ``user_round_event(q, z)``: the run's (``server.userlevel``) and the planner's z."""
+    prior = (count_round_event(sample_rate, count_prior_noise),) * count_rounds
+    return calibrate_noise_multiplier(target_epsilon, delta, sample_rate, rounds - count_rounds, accountant,
+                                      prior_events=prior)
 
 
 def user_round_event(sample_rate: float, noise_multiplier: float) -> DpEvent:
