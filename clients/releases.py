@@ -5,7 +5,10 @@
   per data partition and stored in the node's state folder, so later runs resend the same
   value at no extra cost. Each draw has its own ledger entry, booked before the value is
   stored or sent: a crash can only over-charge.
-- An evaluation: (count, correct, Σ min(loss, L)/L) has L2 sensitivity √3; each gets N(0, s²).
+- An evaluation: the integers (count, correct, Σ_i round(min(loss_i, L)/L · K)), K =
+  ``LOSS_STEPS``, each moved by at most (1, 1, K) by one record, get discrete Gaussian noise
+  N_Z(0, s²), N_Z(0, s²), N_Z(0, (sK)²) (``fedpriv.mechanisms.gaussian``): every output is an
+  integer (the loss sum a multiple of L/K), so no double's low bits tell two inputs apart.
 
 Where the policy says ``public-num-examples``, N is sent as is and books nothing.
 """
@@ -20,19 +23,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd.noise import secure_normal
-from fedpriv.federation.policy import LOSS_CLIP, NodePolicy, Randomness
+from fedpriv.federation.policy import EVALUATE_UNITS, LOSS_CLIP, LOSS_STEPS, NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_json_atomic
+from fedpriv.mechanisms.gaussian import discrete_gaussian_mechanism
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, event_from_dict, event_to_dict
 from fedpriv.privacy.store import LedgerStore
-from fedpriv.seeding import generator
+from fedpriv.seeding import derive_seed, generator
 
 
 class Refusal(Exception):
@@ -137,17 +142,21 @@ def _read_releases(policy: NodePolicy) -> dict[str, Any]:
 @torch.no_grad()
 def noisy_evaluation(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, policy: NodePolicy,
                      *path: int | str, batch_size: int = 4096) -> dict[str, float]:
-    """(count, correct, clipped loss sum) of ``model`` on the data, each plus N(0, s²)
-    (the loss sum's noise scaled by ``LOSS_CLIP``, its sensitivity)."""
+    """(count, correct, clipped loss sum) of ``model`` on the data, each an integer (the loss
+    sum in steps of ``LOSS_CLIP / LOSS_STEPS``) plus discrete Gaussian noise of std
+    ``evaluate-noise`` per unit of sensitivity: OS CSPRNG, or the node's seed and ``path``."""
     model.eval()
     device = next(model.parameters()).device
-    correct, loss = 0.0, 0.0
+    correct, loss_steps = 0, 0
     for start in range(0, len(labels), batch_size):
         x, y = features[start:start + batch_size].to(device), labels[start:start + batch_size].to(device)
         logits = model(x)
-        per_example = F.cross_entropy(logits, y, reduction="none")
+        per_example = F.cross_entropy(logits, y, reduction="none").double()
         per_example = torch.where(per_example.isfinite(), per_example, LOSS_CLIP).clamp(0, LOSS_CLIP)
-        loss += per_example.sum().item()
-        correct += (logits.argmax(dim=1) == y).sum().item()
-    noise = node_noise(policy, 3, policy.evaluate_noise, "evaluate", *path).tolist()
-    return {"count": len(labels) + noise[0], "correct": correct + noise[1], "loss-sum": loss + LOSS_CLIP * noise[2]}
+        loss_steps += int(torch.round(per_example * (LOSS_STEPS / LOSS_CLIP)).sum().item())
+        correct += int((logits.argmax(dim=1) == y).sum().item())
+    rng = None if policy.randomness is Randomness.SECURE else \
+        np.random.default_rng(derive_seed(policy.seed or 0, "release", "evaluate", *path))
+    count, correct, loss_steps = discrete_gaussian_mechanism(
+        [len(labels), correct, loss_steps], noise_stddev=policy.evaluate_noise, units=EVALUATE_UNITS, generator=rng)
+    return {"count": float(count), "correct": float(correct), "loss-sum": float(loss_steps) * (LOSS_CLIP / LOSS_STEPS)}

@@ -24,8 +24,11 @@ Keys (kebab-case, as in ``--node-config``):
 - ``public-num-examples`` (default false): the local data set size N may be sent as is.
   Otherwise N leaves only as a Gaussian count of std ``num-examples-noise`` (records),
   booked as ``GaussianEvent(num-examples-noise)`` (sensitivity 1: add/remove one record).
-- ``allow-evaluate`` (default false): answer EVALUATE with a Gaussian release of (count,
-  correct, clipped loss sum) of std ``evaluate-noise``, booked per answer.
+- ``allow-evaluate`` (default false): answer EVALUATE with a discrete Gaussian release of
+  (count, correct, clipped loss sum) of std ``evaluate-noise`` (records; the loss sum in
+  units of ``LOSS_CLIP``, snapped per record to ``LOSS_STEPS`` steps), booked per answer as
+  ``evaluate_event`` (``fedpriv.mechanisms.gaussian``). Needs an accountant that prices the
+  discrete Gaussian (``rdp``, ``zcdp``); ``evaluate-noise`` is at most 2^20.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
 - ``partition-key`` (integer, default 0): keys which records of ``data-dir`` make up the
   node's partition ``partition-id`` of ``num-partitions`` (``clients.partition``: a rule per
@@ -75,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.federation.settings import RunSettings
+from fedpriv.mechanisms.gaussian import discrete_gaussian_event
 from fedpriv.privacy import AccountantKind, Budget, GaussianEvent
 from fedpriv.privacy.events import DpEvent
 
@@ -86,6 +90,13 @@ EVALUATE_SENSITIVITY = math.sqrt(3)
 
 LOSS_CLIP = 10.0
 """Per-example loss is clipped to [0, LOSS_CLIP] before it is summed and released."""
+
+LOSS_STEPS = 2**20
+"""A record's clipped loss is snapped to the lattice (LOSS_CLIP / LOSS_STEPS)·ℤ and the loss
+sum released in those steps: an integer, like the counts (no double's low bits leave)."""
+
+EVALUATE_UNITS = (1, 1, LOSS_STEPS)
+"""How far one record moves each released integer of an evaluation: count, correct, loss steps."""
 
 MISSING_HELP = (
     "set it in the SuperNode's --node-config (e.g. --node-config \"epsilon-budget=2.0 "
@@ -140,6 +151,7 @@ class NodePolicy:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise PolicyError(f"{name.replace('_', '-')} must be finite and > 0, got {value!r}")
+        self._check_evaluate()
         if self.min_cohort < 1 or self.max_dropouts < 0 or self.max_colluders < 0:
             raise PolicyError("min-cohort must be >= 1 and max-dropouts, max-colluders >= 0")
         if self.min_secagg_neighbours is not None and self.min_secagg_neighbours < 1:
@@ -149,6 +161,16 @@ class NodePolicy:
                               f"({self.max_dropouts} + {self.max_colluders}): no honest survivor would be left")
         if (self.randomness is Randomness.SEEDED) != (self.seed is not None):
             raise PolicyError("randomness = 'seeded' needs a seed, and a seed needs randomness = 'seeded'")
+
+    def _check_evaluate(self) -> None:
+        """An evaluation's discrete Gaussian can be drawn and priced by the node's accountant."""
+        try:
+            self.evaluate_event()
+        except ValueError as err:
+            raise PolicyError(f"evaluate-noise: {err}") from err
+        if self.allow_evaluate and self.accountant not in (AccountantKind.RDP, AccountantKind.ZCDP):
+            raise PolicyError(f"allow-evaluate needs accountant 'rdp' or 'zcdp': '{self.accountant.value}' cannot "
+                              "price the discrete Gaussian an evaluation releases")
 
     @property
     def budget(self) -> Budget:
@@ -185,8 +207,9 @@ class NodePolicy:
         return GaussianEvent(self.num_examples_noise)
 
     def evaluate_event(self) -> DpEvent:
-        """What one answered EVALUATE costs."""
-        return GaussianEvent(self.evaluate_noise / EVALUATE_SENSITIVITY)
+        """What one answered EVALUATE costs: the discrete Gaussian of std ``evaluate-noise``
+        per unit of each released integer (L2 sensitivity √3 in those units)."""
+        return discrete_gaussian_event(self.evaluate_noise, EVALUATE_UNITS)
 
 
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(NodePolicy) if f.name != "policy_file"}
