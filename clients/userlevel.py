@@ -5,7 +5,8 @@ clipped model delta, which leaves without noise, and with adding the noise the s
 It books ``participant_event(z)`` (the round's cost to its records, for the z the server
 says it adds) under the round's entry *before* training, as every release, then trains
 with the plain local plan (no per-example clipping or noise), clips its whole delta to S
-and sends it with the bit 1[‖Δ‖ ≤ S] for adaptive clipping. In a count-only round
+and sends it with the bit 1[‖Δ‖ ≤ S] for adaptive clipping. A z below the policy's
+``min-user-noise-multiplier`` (a count-only round's σ_b below half of it) is refused first. In a count-only round
 (``count-only``, adaptive clipping's warm-up) it books ``count_participant_event(σ_b)``
 and sends the bit alone: the delta never leaves the node.
 """
@@ -107,6 +108,20 @@ def delta_record(deltas: dict[str, np.ndarray], before: dict[str, torch.Tensor])
     return ArrayRecord({name: Array(d.astype(before[name].numpy().dtype)) for name, d in deltas.items()})
 
 
+def check_noise_floor(policy: NodePolicy, noise_multiplier: float, count_noise: float | None) -> None:
+    """``ProtocolError`` where the server names less noise than the node's
+    ``min-user-noise-multiplier`` accepts: z below it, or (count-only) σ_b below half of it."""
+    floor = policy.min_user_noise_multiplier
+    if floor is None:
+        return
+    if count_noise is None and noise_multiplier < floor:
+        raise protocol.ProtocolError(f"user-noise-multiplier {noise_multiplier:g} is below this node's "
+                                     f"min-user-noise-multiplier {floor:g}")
+    if count_noise is not None and count_noise < floor / 2:
+        raise protocol.ProtocolError(f"clip-count-noise {count_noise:g} is below half this node's "
+                                     f"min-user-noise-multiplier {floor:g}")
+
+
 def train(msg: Message, context: Context) -> RecordDict:
     """Book the round, train on the received model, reply with the clipped delta and its bit
     (the bit alone in a count-only round)."""
@@ -115,6 +130,7 @@ def train(msg: Message, context: Context) -> RecordDict:
                                      "the noise (allow-central-user = false)")
     request = read_user_round(msg, context)
     count_noise = userlevel.read_count_only(msg.content.config_records[protocol.CONFIG])
+    check_noise_floor(request.policy, request.noise_multiplier, count_noise)
     event = participant_event(request.noise_multiplier) if count_noise is None else \
         count_participant_event(count_noise)
     charge = Charge(request.entry, (event,))

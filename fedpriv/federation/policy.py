@@ -56,6 +56,11 @@ Keys (kebab-case, as in ``--node-config``):
   delta *without noise* and trusts the server to add the noise it names; it books
   ``participant_event(z)`` for the z the server says it adds (``docs/user-level.md``).
   Off, the node refuses such rounds.
+- ``min-user-noise-multiplier`` (default: none): the smallest z this node accepts in a
+  central user-level round, so that what it trusts the server with is bounded: a round
+  naming a smaller z, or a count-only round whose σ_b is below half of it (the same cost to
+  its records: ``GaussianEvent(σ_b)`` against ``GaussianEvent(z/2)``), is refused before
+  anything is booked. None: any z the server names (the node then books z/2 for it).
 - ``trusted-apps``: SHA-256 digests of the app bundles (FABs) the node runs, comma-separated
   (a list in a policy file). Enforced by ``fedpriv-clientapp`` (``clients.pinned``), which a
   deployed SuperNode runs in place of ``flwr-clientapp``: code from any other bundle never
@@ -139,6 +144,7 @@ class NodePolicy:
     max_colluders: int = 0
     min_secagg_neighbours: int | None = None
     allow_central_user: bool = False
+    min_user_noise_multiplier: float | None = None
     policy_file: Path | None = field(default=None, compare=False)
     """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
 
@@ -152,6 +158,7 @@ class NodePolicy:
             if not (math.isfinite(value) and value > 0):
                 raise PolicyError(f"{name.replace('_', '-')} must be finite and > 0, got {value!r}")
         self._check_evaluate()
+        self._check_user_noise_floor()
         if self.min_cohort < 1 or self.max_dropouts < 0 or self.max_colluders < 0:
             raise PolicyError("min-cohort must be >= 1 and max-dropouts, max-colluders >= 0")
         if self.min_secagg_neighbours is not None and self.min_secagg_neighbours < 1:
@@ -161,6 +168,12 @@ class NodePolicy:
                               f"({self.max_dropouts} + {self.max_colluders}): no honest survivor would be left")
         if (self.randomness is Randomness.SEEDED) != (self.seed is not None):
             raise PolicyError("randomness = 'seeded' needs a seed, and a seed needs randomness = 'seeded'")
+
+    def _check_user_noise_floor(self) -> None:
+        """``min-user-noise-multiplier``, where set, is a finite z > 0."""
+        floor = self.min_user_noise_multiplier
+        if floor is not None and not (math.isfinite(floor) and floor > 0):
+            raise PolicyError(f"min-user-noise-multiplier must be finite and > 0, got {floor!r}")
 
     def _check_evaluate(self) -> None:
         """An evaluation's discrete Gaussian can be drawn and priced by the node's accountant."""
