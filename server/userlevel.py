@@ -10,7 +10,9 @@ Each round, for the population P (the known clients that can still afford it):
 4. the server sums the accepted clipped deltas (float64, in client order), adds
    N(0, (z_Δ S)²) per coordinate — always, even to an empty sum — and divides by the
    expected cohort m = q·|P|; the model moves by that mean;
-5. with ``clip-quantile`` γ: b̃ = (Σ(b − ½) + N(0, σ_b²)) / m + ½ and S ← S·exp(−η(b̃ − γ)),
+5. with ``clip-quantile`` γ: b̃ = (Σ(b − ½) + N(0, σ_b²)) / m + ½, clamped to [0, 1] (the
+   fraction it estimates lies there; clamping is post-processing), and S ← S·exp(−η(b̃ − γ)),
+   kept within [S₀/``CLIP_RANGE``, S₀·``CLIP_RANGE``] of the run's ``user-clip`` S₀,
    z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) so the round stays one Gaussian of multiplier z; σ_b is
    ``clip-count-noise``, by default max(m/20, z) (Andrew et al.'s m/20, at least z: small
    cohorts keep z_Δ ≤ 1.16 z).
@@ -91,6 +93,13 @@ class RoundNoise:
         return draws.reshape(shape)
 
 
+CLIP_RANGE = 2.0**20
+"""Adaptive clipping keeps S within a factor 2²⁰ (about 10⁶) of the run's ``user-clip`` S₀.
+S₀ is the user's guess, and adaptive clipping is there to correct guesses that are orders of
+magnitude off (docs/user-level.md: from 100× too large), never a million-fold; the bound
+keeps S, the noise z·S and a distributed round's lattice (``fine_scale``) finite and
+positive whatever the noisy counts say, so no booked round is sent an S it cannot run."""
+
 POPULATION, USER_CLIP = "population", "user-clip"
 """The keys of ``UserLevelFedAvg.state`` in the checkpoint."""
 
@@ -159,7 +168,7 @@ class UserLevelFedAvg(BudgetedFedAvg):
         self.delta_multiplier = self.noise_multiplier if self.count_noise is None else \
             delta_noise_multiplier(self.noise_multiplier, self.count_noise)
         self.warmup_rounds, self.warmup_lr = settings.clip_warmup_rounds, settings.clip_warmup_lr
-        self.clip = clip
+        self.clip, self.clip_bounds = clip, (settings.user_clip / CLIP_RANGE, settings.user_clip * CLIP_RANGE)
         self.randomness = settings.server_randomness
         self.event = self.round_event()
         self._population: list[str] = []
@@ -301,10 +310,13 @@ class UserLevelFedAvg(BudgetedFedAvg):
 
     def adapt_clip(self, centred: float, expected: float, round_log: RoundLog, lr: float) -> None:
         """Andrew et al.'s step of size η = ``lr`` from the noisy centred count
-        Σ(b − ½) + N(0, σ_b²): b̃ = centred / m + ½, S ← S·exp(−η(b̃ − γ))."""
+        Σ(b − ½) + N(0, σ_b²): b̃ = centred / m + ½ clamped to [0, 1], S ← S·exp(−η(b̃ − γ))
+        clamped to ``clip_bounds`` (taken in logs: no ``exp`` overflows, whatever η)."""
         assert self.quantile is not None
-        estimate = centred / expected + 0.5
-        self.clip *= math.exp(-lr * (estimate - self.quantile))
+        estimate = min(1.0, max(0.0, centred / expected + 0.5))
+        low, high = self.clip_bounds
+        log_clip = min(math.log(high), max(math.log(low), math.log(self.clip) - lr * (estimate - self.quantile)))
+        self.clip = min(high, max(low, math.exp(log_clip)))  # exp may round a hair past a bound
         round_log.train_metrics["under_clip_estimate"] = estimate
 
 

@@ -72,6 +72,7 @@ def test_the_aggregate_is_the_clipped_sum_plus_the_seeded_noise_over_the_expecte
             total += rng.standard_normal(theta[name].size).reshape(theta[name].shape) * z_delta * clip
             theta[name] = (theta[name] + total / (q * NODES)).astype(np.float32).astype(np.float64)
         estimate = (sum(b - 0.5 for _, b in got) + rng.standard_normal(1)[0] * COUNT_NOISE) / (q * NODES) + 0.5
+        estimate = min(1.0, max(0.0, estimate))  # b̃ estimates a fraction: clamped to [0, 1]
         assert history.rounds[r - 1].train_metrics["user_clip"] == pytest.approx(clip)
         clip *= math.exp(-CLIP_LR * (estimate - QUANTILE))
 

@@ -215,6 +215,7 @@ def test_adaptive_clipping_rides_the_bit_as_one_more_coordinate_and_books_andrew
             offset += value.size
             theta[name] = (value + part).astype(np.float32).astype(np.float64)
         estimate = (float(summed[-1]) / (2 * k)) / (q * nodes) + 0.5
+        estimate = min(1.0, max(0.0, estimate))  # b̃ estimates a fraction: clamped to [0, 1]
         clip *= math.exp(-CLIP_LR * (estimate - QUANTILE))
     assert calls == 7 and set(bits) == {True, False}, "both kinds of client were counted"
     assert history.resolved["user_level"]["final_clip"] == pytest.approx(clip, rel=1e-12)

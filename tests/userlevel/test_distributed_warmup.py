@@ -53,6 +53,7 @@ def test_a_distributed_count_only_round_sums_the_bits_alone_and_books_the_counts
             vectors.append(vector)
         summed = _centred(np.sum(np.stack(vectors).astype(object), axis=0), 1 << lattice.modulus_bits)
         estimate = (float(summed[0]) / (2 * k)) / (q * NODES) + 0.5
+        estimate = min(1.0, max(0.0, estimate))  # b̃ estimates a fraction: clamped to [0, 1]
         clip *= math.exp(-WARMUP_LR * (estimate - QUANTILE))
     assert len(spy.rows) == len(history.rounds[WARMUP].participants), "deltas were encoded in round 3 alone"
     assert max(len(r.participants) for r in history.rounds[:WARMUP]) > MIN_COHORT, \

@@ -81,6 +81,7 @@ def test_count_only_rounds_move_s_and_not_the_model_and_book_the_counts_closed_f
                 theta[name] = (theta[name] + total / (q * NODES)).astype(np.float32).astype(np.float64)
             lr = CLIP_LR
         estimate = (sum(b - 0.5 for b in bits) + rng.standard_normal(1)[0] * COUNT_NOISE) / (q * NODES) + 0.5
+        estimate = min(1.0, max(0.0, estimate))  # b̃ estimates a fraction: clamped to [0, 1]
         clip *= math.exp(-lr * (estimate - QUANTILE))
     assert clip < CLIP * math.exp(-WARMUP_LR * 0.25), "S came down in the count-only rounds (all bits 1 at S = 50)"
     assert [r.test_accuracy for r in history.rounds[:WARMUP]] == [history.initial["test_accuracy"]] * WARMUP, \
