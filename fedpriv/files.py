@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync and
-    ``os.replace``; on any failure the temp file is removed and the old file is intact."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes | memoryview, temp_prefix: str | None = None) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder (named ``temp_prefix``,
+    default ``.<name>.``, + random + ``.tmp``), fsync and ``os.replace``; on any failure the
+    temp file is removed and the old file is intact (a killed process leaves it behind)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix or f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -15,6 +15,10 @@ Why:
 - A crash leaves the old file or the new one: the file is replaced atomically (temp file,
   fsync, ``os.replace``, then an fsync of the folder so the rename itself is durable).
   The lock lives in a separate file because ``os.replace`` swaps the ledger's inode.
+  A process killed mid-write leaves its temp file behind; temp files are named
+  ``.<name>.locked-*.tmp`` and made only under the exclusive lock, so the next transaction,
+  holding that lock, knows their writers are gone and removes them (never a file another
+  live writer is still filling: it would hold the lock).
 - Speed: a store object keeps the bytes it last read or wrote and the ledger they parse
   to; a transaction that reads the same bytes under its lock works on a copy of that
   ledger instead of parsing the file again (another writer's bytes differ, and are parsed).
@@ -94,6 +98,7 @@ class LedgerStore:
         kind = AccountantKind(accountant)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked(fcntl.LOCK_EX):
+            self._remove_dead_writers_files()
             ledger = self._load()
             if ledger is None:
                 ledger = PrivacyLedger(budget, kind)
@@ -104,7 +109,7 @@ class LedgerStore:
             after = ledger.to_json()
             if after != before:
                 data = after.encode("utf-8")
-                write_bytes_atomic(self.path, data)
+                write_bytes_atomic(self.path, data, temp_prefix=self._temp_prefix)
                 _fsync_folder(self.path.parent)
                 self._cache = (data, ledger.copy())
 
@@ -139,6 +144,26 @@ class LedgerStore:
         return ledger
 
     # --- internals ------------------------------------------------------------------
+    @property
+    def _temp_prefix(self) -> str:
+        """The prefix of the temp files a transaction writes, and only a transaction."""
+        return f".{self.path.name}.locked-"
+
+    def _remove_dead_writers_files(self) -> None:
+        """Remove the temp files of transactions killed mid-write; call only under the
+        exclusive lock (every writer of such a file held it, so none is alive)."""
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(self._temp_prefix) and name.endswith(".tmp"):
+                log.warning("removing %s, left by a process killed while writing its ledger", self.path.parent / name)
+                try:
+                    (self.path.parent / name).unlink(missing_ok=True)
+                except OSError as err:  # a leftover that cannot go costs disk, not privacy
+                    log.warning("cannot remove %s: %s", self.path.parent / name, err)
+
     def _load(self) -> PrivacyLedger | None:
         """The ledger in the file (a copy of the cached one if the bytes are the cache's),
         None if there is none; ``LedgerError`` if unreadable."""
