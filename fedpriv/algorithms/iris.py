@@ -22,7 +22,7 @@ from torch import nn
 
 from fedpriv.algorithms.box import clamp
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
-from fedpriv.mechanisms import laplace_event, laplace_mechanism
+from fedpriv.mechanisms import laplace_event, laplace_mechanism, laplace_scale
 from fedpriv.privacy import PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.privacy.events import DpEvent, LaplaceEvent, SelfComposedEvent
 
@@ -112,8 +112,12 @@ class PerturbedOutputs:
 
 
 def answer_event(epsilon_per_answer: float) -> LaplaceEvent:
-    """What one answer costs (ε, plus the lattice's rounding: see ``fedpriv.mechanisms``)."""
-    return laplace_event(3, sensitivity=SENSITIVITY, scale=SENSITIVITY / epsilon_per_answer, bounds=ANSWER_BOUNDS)
+    """What one answer costs: at most ε, the lattice's rounding included (``fedpriv.mechanisms``)."""
+    return laplace_event(3, sensitivity=SENSITIVITY, scale=_answer_scale(epsilon_per_answer), bounds=ANSWER_BOUNDS)
+
+
+def _answer_scale(epsilon_per_answer: float) -> float:
+    return laplace_scale(3, sensitivity=SENSITIVITY, epsilon=epsilon_per_answer, bounds=ANSWER_BOUNDS)
 
 
 def noisy_answers(model: nn.Module, queries: np.ndarray, epsilon_per_answer: float,
@@ -122,8 +126,9 @@ def noisy_answers(model: nn.Module, queries: np.ndarray, epsilon_per_answer: flo
     (one ``answer_event`` per query: answers compose)."""
     with torch.no_grad():
         probabilities = torch.softmax(model(scale(queries)), dim=1).numpy()
-    answers = [laplace_mechanism(p, sensitivity=SENSITIVITY, scale=SENSITIVITY / epsilon_per_answer,
-                                 bounds=ANSWER_BOUNDS, rng=rng).values for p in probabilities]
+    noise_scale = _answer_scale(epsilon_per_answer)
+    answers = [laplace_mechanism(p, sensitivity=SENSITIVITY, scale=noise_scale, bounds=ANSWER_BOUNDS, rng=rng).values
+               for p in probabilities]
     return np.array(answers), SelfComposedEvent(answer_event(epsilon_per_answer), len(queries))
 
 

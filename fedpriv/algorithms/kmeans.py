@@ -13,7 +13,9 @@ that mean and per-coordinate spread (a public seed picks the draws): L1 sensitiv
 1 + Σ_j r_j + Σ_j r_j².
 Coordinates are centred on the box's midpoint, so |x_j| ≤ r_j (half the range); adding or
 removing one record (the ledger's adjacency) moves one count by 1 and one cluster's sum by
-at most Σ_j r_j: L1 sensitivity 1 + Σ_j r_j for the whole release, ε/T per iteration.
+at most Σ_j r_j: L1 sensitivity 1 + Σ_j r_j for the whole release, ε/(T + 1) per iteration.
+The T + 1 shares add up to at most ε exactly, each release's lattice rounding inside its
+share (``split_epsilon``, ``laplace_scale``): ε = 1 costs 1, not 1 + 2.6e-9.
 A cluster whose noisy count is below 1 keeps its previous centroid (no division by a
 small or negative number: no NaN or ∞); centroids are clamped to the box.
 
@@ -28,7 +30,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from fedpriv.algorithms.box import Box
-from fedpriv.mechanisms import LaplaceRelease, laplace_event, laplace_mechanism
+from fedpriv.mechanisms import LaplaceRelease, laplace_event, laplace_mechanism, laplace_scale, split_epsilon
 from fedpriv.privacy.events import ComposedEvent, DpEvent, SelfComposedEvent
 
 SUM_BOUND = 1e12
@@ -83,7 +85,7 @@ def moments_sensitivity(box: Box) -> float:
 def noisy_moments(x: np.ndarray, box: Box, epsilon: float, rng: np.random.Generator | None = None) -> LaplaceRelease:
     """``moments`` with Laplace noise for ε: the release behind the initial centroids."""
     sensitivity = moments_sensitivity(box)
-    return laplace_mechanism(moments(x, box), sensitivity=sensitivity, scale=sensitivity / epsilon,
+    return laplace_mechanism(moments(x, box), sensitivity=sensitivity, scale=_moments_scale(box, epsilon),
                              bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
 
 
@@ -101,8 +103,8 @@ def initial_centroids(noisy_moments: np.ndarray, k: int, box: Box, rng: np.rando
 
 
 def init_epsilon(epsilon: float, iterations: int) -> float:
-    """The initialisation's share of ε: one release out of T + 1 equal ones."""
-    return epsilon / (iterations + 1)
+    """Each release's share of ε: one of T + 1 equal ones whose exact sum is at most ε."""
+    return split_epsilon(epsilon, (1.0,) * (iterations + 1))[0]
 
 
 def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 3,
@@ -130,15 +132,25 @@ def dplloyd(x: np.ndarray, k: int, box: Box, epsilon: float, iterations: int = 3
 
 def release_event(k: int, box: Box, epsilon: float) -> DpEvent:
     """What one ``noisy_sums`` release costs, known before any data is touched."""
-    sensitivity = sums_sensitivity(box)
-    return laplace_event(k * (1 + len(box.low)), sensitivity=sensitivity, scale=sensitivity / epsilon,
+    return laplace_event(k * (1 + len(box.low)), sensitivity=sums_sensitivity(box), scale=_sums_scale(k, box, epsilon),
+                         bounds=(-SUM_BOUND, SUM_BOUND))
+
+
+def _sums_scale(k: int, box: Box, epsilon: float) -> float:
+    """The Laplace scale of a ``noisy_sums`` release that spends at most ε (rounding included)."""
+    return laplace_scale(k * (1 + len(box.low)), sensitivity=sums_sensitivity(box), epsilon=epsilon,
+                         bounds=(-SUM_BOUND, SUM_BOUND))
+
+
+def _moments_scale(box: Box, epsilon: float) -> float:
+    """The Laplace scale of a ``noisy_moments`` release that spends at most ε (rounding included)."""
+    return laplace_scale(1 + 2 * len(box.low), sensitivity=moments_sensitivity(box), epsilon=epsilon,
                          bounds=(-SUM_BOUND, SUM_BOUND))
 
 
 def moments_event(box: Box, epsilon: float) -> DpEvent:
     """What one ``noisy_moments`` release costs, known before any data is touched."""
-    sensitivity = moments_sensitivity(box)
-    return laplace_event(1 + 2 * len(box.low), sensitivity=sensitivity, scale=sensitivity / epsilon,
+    return laplace_event(1 + 2 * len(box.low), sensitivity=moments_sensitivity(box), scale=_moments_scale(box, epsilon),
                          bounds=(-SUM_BOUND, SUM_BOUND))
 
 
@@ -146,9 +158,8 @@ def noisy_sums(x: np.ndarray, centroids: np.ndarray, box: Box, epsilon: float,
                rng: np.random.Generator | None = None) -> LaplaceRelease:
     """One DPLloyd release: ``cluster_sums`` with Laplace noise for ε (what a federated
     client sends each iteration)."""
-    sensitivity = sums_sensitivity(box)
-    return laplace_mechanism(cluster_sums(x, centroids, box), sensitivity=sensitivity, scale=sensitivity / epsilon,
-                             bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
+    return laplace_mechanism(cluster_sums(x, centroids, box), sensitivity=sums_sensitivity(box),
+                             scale=_sums_scale(len(centroids), box, epsilon), bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
 
 
 def perturb_inputs(x: np.ndarray, box: Box, epsilon: float,
@@ -157,11 +168,12 @@ def perturb_inputs(x: np.ndarray, box: Box, epsilon: float,
     event each record's owner spends."""
     x = _records(x, box)
     sensitivity = float((np.asarray(box.high, float) - np.asarray(box.low, float)).sum())
+    bounds = (float(np.min(box.low)), float(np.max(box.high)))
+    scale = laplace_scale(x.shape[1], sensitivity=sensitivity, epsilon=epsilon, bounds=bounds)
     noisy = np.empty_like(x)
     event = None
     for i, record in enumerate(x):
-        release = laplace_mechanism(record, sensitivity=sensitivity, scale=sensitivity / epsilon,
-                                    bounds=(float(np.min(box.low)), float(np.max(box.high))), rng=rng)
+        release = laplace_mechanism(record, sensitivity=sensitivity, scale=scale, bounds=bounds, rng=rng)
         noisy[i], event = release.values, release.event
     if event is None:
         raise ValueError("perturb_inputs needs at least one record")

@@ -10,7 +10,8 @@ Sensitivities, replace-one adjacency, D = d + 1 weights (the paper's normalisati
   whose absolute values sum to (Σ_j |x̃_j|)² ≤ D²: sensitivity 2D²;
 - linear monomials w_j have coefficients −2 y x̃_j: sensitivity 4D.
 Under add/remove adjacency (the ledger's) these are twice what is needed: sound, and the
-numbers of the paper. ε is split into ε₁ (quadratic) and ε₂ (linear).
+numbers of the paper. ε is split into ε₁ (quadratic) and ε₂ (linear), each release's lattice
+rounding inside its share (``laplace_scale``), so the two spend at most ε, not ε + 2.7e-10.
 
 The noisy quadratic form need not be positive definite, so its minimiser may not exist.
 It is projected onto the positive-definite cone: eigenvalues below the quadratic part's
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedpriv.algorithms.box import Box, clamp
-from fedpriv.mechanisms import laplace_event, laplace_mechanism
+from fedpriv.mechanisms import laplace_event, laplace_mechanism, laplace_scale, split_epsilon
 from fedpriv.privacy.events import ComposedEvent, DpEvent
 
 
@@ -96,16 +97,20 @@ SUM_BOUND = 1e12
 each, so no sum over fewer than 5·10¹¹ records is clamped."""
 
 
+def _parts(num_features: int, epsilon: float, quadratic_share: float) -> tuple[tuple[int, float, float], ...]:
+    """(size, L1 sensitivity, Laplace scale) of the quadratic and the linear release: ε split
+    (share, 1 − share), each part's lattice rounding inside it, so the two spend at most ε."""
+    size = num_features + 1
+    sizes = (size * (size + 1) // 2, size)
+    shares = split_epsilon(epsilon, (quadratic_share, 1 - quadratic_share))
+    return tuple((n, s, laplace_scale(n, sensitivity=s, epsilon=e, bounds=(-SUM_BOUND, SUM_BOUND)))
+                 for n, s, e in zip(sizes, sensitivities(num_features), shares, strict=True))
+
+
 def release_event(num_features: int, epsilon: float, quadratic_share: float = 0.5) -> DpEvent:
     """What ``privatise`` costs, known before any data is touched (a node books it first)."""
-    s_quad, s_lin = sensitivities(num_features)
-    size = num_features + 1
-    bounds = (-SUM_BOUND, SUM_BOUND)
-    return ComposedEvent((
-        laplace_event(size * (size + 1) // 2, sensitivity=s_quad, scale=s_quad / (epsilon * quadratic_share),
-                      bounds=bounds),
-        laplace_event(size, sensitivity=s_lin, scale=s_lin / (epsilon * (1 - quadratic_share)), bounds=bounds),
-    ))
+    return ComposedEvent(tuple(laplace_event(n, sensitivity=s, scale=b, bounds=(-SUM_BOUND, SUM_BOUND))
+                               for n, s, b in _parts(num_features, epsilon, quadratic_share)))
 
 
 def privatise(sums: Coefficients, num_features: int, epsilon: float, quadratic_share: float = 0.5,
@@ -115,12 +120,9 @@ def privatise(sums: Coefficients, num_features: int, epsilon: float, quadratic_s
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if not 0 < quadratic_share < 1:
         raise ValueError(f"quadratic_share must be in (0, 1), got {quadratic_share!r}")
-    s_quad, s_lin = sensitivities(num_features)
-    bounds = (-SUM_BOUND, SUM_BOUND)
-    quad = laplace_mechanism(sums.quadratic, sensitivity=s_quad, scale=s_quad / (epsilon * quadratic_share),
-                             bounds=bounds, rng=rng)
-    lin = laplace_mechanism(sums.linear, sensitivity=s_lin, scale=s_lin / (epsilon * (1 - quadratic_share)),
-                            bounds=bounds, rng=rng)
+    quad, lin = (laplace_mechanism(values, sensitivity=s, scale=b, bounds=(-SUM_BOUND, SUM_BOUND), rng=rng)
+                 for values, (_, s, b) in zip((sums.quadratic, sums.linear),
+                                              _parts(num_features, epsilon, quadratic_share), strict=True))
     return Coefficients(quad.values, lin.values), ComposedEvent((quad.event, lin.event))
 
 

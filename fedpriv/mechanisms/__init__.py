@@ -6,7 +6,10 @@ from fedpriv.mechanisms.laplace import (
     epsilon_of,
     laplace_event,
     laplace_mechanism,
+    laplace_scale,
     output_step,
+    split_epsilon,
 )
 
-__all__ = ["LATTICE_EXPONENT", "LaplaceRelease", "epsilon_of", "laplace_event", "laplace_mechanism", "output_step"]
+__all__ = ["LATTICE_EXPONENT", "LaplaceRelease", "epsilon_of", "laplace_event", "laplace_mechanism", "laplace_scale",
+           "output_step", "split_epsilon"]

@@ -14,14 +14,19 @@ sets of neighbouring inputs are the same set, only the probabilities differ.
 
 Either way the privacy cost comes from OpenDP's own privacy map of the measurement — the
 rounding to the lattice adds up to ``size · 2^k`` to the L1 sensitivity — and is returned
-as a ``LaplaceEvent`` for the ledger: never an ε computed here.
+as a ``LaplaceEvent`` for the ledger: never an ε computed here. A caller that has an ε to
+spend asks ``laplace_scale`` for the scale that spends at most it, the rounding included
+(not added on top), and ``split_epsilon`` shares one ε between releases whose exact sum is
+at most it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -84,7 +89,40 @@ def laplace_event(size: int, *, sensitivity: float, scale: float, bounds: tuple[
     """What ``laplace_mechanism`` costs on ``size`` values, known before any data is read;
     a ``ValueError`` for parameters it would refuse (a scale below ``output_step``)."""
     _check(sensitivity, scale, bounds, k)
-    return LaplaceEvent(1.0 / epsilon_of(size, sensitivity, scale, k))
+    epsilon = epsilon_of(size, sensitivity, scale, k)
+    multiplier = 1.0 / epsilon
+    if Fraction(1) / Fraction(multiplier) < Fraction(epsilon):  # 1/b rounded: book no less than the map
+        multiplier = math.nextafter(multiplier, 0.0)
+    return LaplaceEvent(multiplier)
+
+
+def laplace_scale(size: int, *, sensitivity: float, epsilon: float, bounds: tuple[float, float],
+                  k: int = LATTICE_EXPONENT) -> float:
+    """The smallest scale (a double) at which ``laplace_event`` books at most ``epsilon``
+    (its 1/b, exactly): the lattice's rounding, size·2^k on the sensitivity, is inside the
+    request. A ``ValueError`` where that scale is one ``laplace_event`` refuses."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    scale = (sensitivity + size * math.ldexp(1.0, k)) / epsilon
+    while Fraction(1) / Fraction(laplace_event(size, sensitivity=sensitivity, scale=scale, bounds=bounds,
+                                               k=k).noise_multiplier) > Fraction(epsilon):
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def split_epsilon(epsilon: float, weights: Sequence[float]) -> tuple[float, ...]:
+    """ε shared in proportion to ``weights`` (> 0), each share a double and their exact sum
+    at most ε (equal weights keep equal shares): releases at these shares, each spending at
+    most its own (``laplace_scale``), spend at most ε together."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(f"weights must be finite and > 0, got {weights!r}")
+    total = math.fsum(weights)
+    shares = [epsilon * (w / total) for w in weights]
+    while sum(map(Fraction, shares)) > Fraction(epsilon):
+        shares = [math.nextafter(x, 0.0) for x in shares]
+    return tuple(shares)
 
 
 def laplace_mechanism(values: np.typing.ArrayLike, *, sensitivity: float, scale: float,

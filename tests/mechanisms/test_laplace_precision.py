@@ -11,7 +11,7 @@ import pytest
 from clients.classic_app import app
 from fedpriv.algorithms import iris, kmeans, linreg
 from fedpriv.algorithms.box import Box
-from fedpriv.mechanisms import LATTICE_EXPONENT, laplace_event, laplace_mechanism
+from fedpriv.mechanisms import LATTICE_EXPONENT, laplace_event, laplace_mechanism, laplace_scale
 from fedpriv.privacy.events import LaplaceEvent
 from server.classic import Shares, _ask
 from tests.flower.inprocess import InProcessGrid, booked, node_config
@@ -65,7 +65,8 @@ def test_the_algorithms_costs_refuse_what_their_release_would(monkeypatch):
         kmeans.moments_event(Box(np.zeros(2), np.ones(2)), 1e9)
     with pytest.raises(ValueError, match="precision"):
         iris.answer_event(1e10)
-    assert laplace_event(3, sensitivity=2.0, scale=2.0, bounds=iris.ANSWER_BOUNDS) == iris.answer_event(1.0)
+    scale = laplace_scale(3, sensitivity=2.0, epsilon=1.0, bounds=iris.ANSWER_BOUNDS)  # 2/ε, the rounding inside
+    assert laplace_event(3, sensitivity=2.0, scale=scale, bounds=iris.ANSWER_BOUNDS) == iris.answer_event(1.0)
 
 
 @pytest.mark.usefixtures("task_identity")

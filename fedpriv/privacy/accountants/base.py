@@ -7,6 +7,8 @@ Invariants (checked by ``tests/privacy/test_accountant_contract.py`` for every b
 - ``epsilon(δ)`` is non-increasing in δ; ``delta(ε)`` is non-increasing in ε and is
   (up to numerical tolerance) its inverse: ``delta(epsilon(δ)) ≈ δ``.
 - Every reported (ε, δ) is an upper bound: discretisation and grids only err upwards.
+- Where every composed event is pure (unsampled Laplace), ε is at most their exact sum
+  (basic composition, δ = 0: ``pure``), whichever backend: the tighter bound is reported.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+from fractions import Fraction
 from typing import Generic, TypeVar
 
 from fedpriv.privacy.events import DpEvent
@@ -60,10 +63,17 @@ class Accountant(abc.ABC, Generic[Prepared]):
     """Composes privacy events and converts the total into (ε, δ)-DP statements."""
 
     kind: AccountantKind
+    _pure: Fraction | None = Fraction(0)
+    """The exact basic-composition ε of everything composed while all of it is pure, else None."""
 
     def compose(self, event: DpEvent) -> Accountant[Prepared]:
         """Add ``event`` to the total; validate-then-mutate (see module docstring)."""
-        self._apply(self._prepare(event))
+        from fedpriv.privacy.accountants.pure import pure_epsilon  # it builds on this module
+
+        prepared = self._prepare(event)
+        pure = None if self._pure is None else pure_epsilon(event)
+        self._apply(prepared)
+        self._pure = None if pure is None or self._pure is None else self._pure + pure
         return self
 
     @abc.abstractmethod
@@ -76,11 +86,18 @@ class Accountant(abc.ABC, Generic[Prepared]):
         """Mutate state with a validated event; must not raise."""
 
     def epsilon(self, delta: float) -> float:
-        """Smallest ε this accountant can certify at ``delta`` (∞ if none)."""
-        return self._epsilon(check_delta(delta))
+        """Smallest ε this accountant can certify at ``delta`` (∞ if none): its own, or the
+        pure events' exact sum where that is smaller."""
+        from fedpriv.privacy.accountants.pure import round_up
+
+        own = self._epsilon(check_delta(delta))
+        return own if self._pure is None else min(own, round_up(self._pure))
 
     def delta(self, epsilon: float) -> float:
-        """Smallest δ this accountant can certify at ``epsilon`` (1 if none)."""
+        """Smallest δ this accountant can certify at ``epsilon`` (1 if none): 0 where the
+        pure events' exact sum is within ``epsilon``."""
+        if self._pure is not None and self._pure <= Fraction(check_epsilon(epsilon)):
+            return 0.0
         return self._delta(check_epsilon(epsilon))
 
     @abc.abstractmethod
