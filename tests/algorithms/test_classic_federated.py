@@ -112,7 +112,8 @@ def test_federated_ann_books_each_round_and_composes_to_epsilon_under_dp_account
                 reference.compose(to_dp_accounting(event))
         assert 9.5 < reference.get_epsilon(1e-5) <= 10.0 * 1.01
     _, _, x_test, y_test = load("iris", 0)
-    assert iris.accuracy(model, x_test, y_test.astype(int)) > 0.7
+    # seeded nodes: deterministic; 0.933 at AnnPlan's q = 1, 0.833 at the q = 0.5 it had (docs/classic.md)
+    assert iris.accuracy(model, x_test, y_test.astype(int)) >= 0.9
     # the budget is spent: a further round is refused by every node, and nothing is booked
     _, again = federated_ann(grid, "iris", 0, 10.0, 1e-5, share_size=40, plan=AnnPlan(rounds=1))
     assert len(again.refused) == 3 and all("exceed its budget" in r for r in again.refused.values())
