@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, answer, graph
+from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, Vector, answer, graph
 from simulations._cli import Parser, at_least, even_or_zero
 
 
-def constant(vector: np.ndarray) -> Callable[[StageInfo], np.ndarray]:
-    return lambda info: vector
+def constant(vector: np.ndarray) -> Callable[[StageInfo], Vector]:
+    return lambda info: Vector(vector, {})
 
 
 def run(n: int, dimension: int, neighbours: int = 0, bits: int = 32) -> dict[str, object]:
