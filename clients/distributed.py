@@ -53,6 +53,7 @@ from fedpriv.privacy.events import check_sample_rate
 from fedpriv.secagg.identity import load_identity
 from fedpriv.secagg.node import Requirements, StageInfo, Vector
 from fedpriv.seeding import derive_seed, generator
+from fedpriv.training import TrainingPlan
 
 MAX_SCALE = 2.0**24
 """Largest lattice scale a node accepts: beyond it a clipped sum no longer fits 32 bits."""
@@ -132,6 +133,14 @@ def read_encoding(config: Any, max_grad_norm: float, dimension: int) -> Lattice:
     return Lattice(float(scale), max_grad_norm, dimension, modulus_bits=bits, rounding=rounding)
 
 
+def record_encoding(config: Any, plan: TrainingPlan, dimension: int,
+                    stage: StageInfo) -> tuple[float, Lattice, dict[str, Any]]:
+    """(q, lattice, the settings the vector is computed under) of a record-level round for a
+    model of ``dimension`` parameters, checked against the secure sum before booking."""
+    q, lattice = read_lattice(config, plan.max_grad_norm, dimension)
+    return q, lattice, encoding_settings(stage, lattice, "record", plan=protocol.plan_config(plan), sample_rate=q)
+
+
 def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
     """Book the round in the node's ledger, then compute its vector (``None`` never: a
     failure after booking leaves as a fixed text)."""
@@ -141,16 +150,14 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
     model = received_model(msg, plan.model, settings)
-    dimension = sum(p.numel() for p in model.parameters())
-    q, lattice = read_lattice(config, plan.max_grad_norm, dimension)
-    bound = encoding_settings(stage, lattice, "record", plan=protocol.plan_config(plan), sample_rate=q)
+    q, lattice, bound = record_encoding(config, plan, sum(p.numel() for p in model.parameters()), stage)
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
     shares = policy.honest_shares
     share_stddev = lattice.noise_stddev(plan.noise_multiplier, shares)
     charge = Charge(protocol.train_entry(run_key, server_round),
-                    (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, dimension, q, 1),))
+                    (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, lattice.dimension, q, 1),))
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         data = node_data(settings, context, policy, model=plan.model)

@@ -130,6 +130,18 @@ class SecAggTrust(StrEnum):
     OWN_SHARE = "own-share"
     REFUSE = "refuse"
 
+    @property
+    def described(self) -> str:
+        """The model with what it means, as a run summary says it."""
+        return {
+            SecAggTrust.CONSORTIUM_CA: "consortium-ca (peers certified by the nodes' own CA: holds against a "
+                                       "malicious server up to max-colluders)",
+            SecAggTrust.SERVER_COHORT: "trust-server-cohort (semi-honest, declared: a server that makes up peers "
+                                       "breaks the booked ε)",
+            SecAggTrust.OWN_SHARE: "own-share (no CA: each node's share alone carries the whole noise)",
+            SecAggTrust.REFUSE: "refuse (no CA: distributed rounds refused)",
+        }[self]
+
 
 class Randomness(StrEnum):
     """Where a node's lots and noise come from (see the module docstring)."""
