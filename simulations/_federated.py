@@ -335,6 +335,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise, args.clients)
         policy_file = stack.enter_context(node_policy_env(policy, state_dir, args.clients))
+        trust = secagg_trust(policy_file) if policy.get("allow-distributed") else None
         from simulations._spent import nothing_to_spend
 
         if reason := nothing_to_spend(settings, state_dir, args.clients):
@@ -352,8 +353,8 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     results["simulation_wall_time_s"] = wall
     results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
     results["privacy"] = settings.privacy.value
-    if policy.get("allow-distributed"):  # whom each node counted toward its cohort
-        results["secagg_trust"] = secagg_trust(policy_file)
+    if trust is not None:  # whom each node counted toward its cohort
+        results["secagg_trust"] = trust
     results["node_epsilon"] = node_spent  # by each node's own ledger: the guarantee
     write_json_atomic(results_path, results)
     from simulations._plots import plot_results

@@ -49,9 +49,13 @@ def load_identity(ca_file: Path, folder: Path) -> Identity:
         key = serialization.load_pem_private_key((folder / IDENTITY_KEY).read_bytes(), password=None)
     except (OSError, ValueError, TypeError):
         raise ValueError("this node's secagg-ca or secagg-identity files are missing or unreadable") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or certified_key(ca, certificate).public_numbers() != \
-            key.public_key().public_numbers():
-        raise ValueError("this node's secagg-identity is not a key its secagg-ca certifies")
+    try:
+        certified = certified_key(ca, certificate)
+    except ValueError as err:
+        raise ValueError(f"this node's secagg-identity is not certified by its secagg-ca: {err}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or \
+            certified.public_numbers() != key.public_key().public_numbers():
+        raise ValueError("this node's secagg-identity key is not the key its certificate names")
     return Identity(ca, certificate, key)
 
 
