@@ -1,5 +1,5 @@
 """A distributed run's setup, shared by the server (``server.distributed``) and the planner
-(``fedpriv.privacy.planner``): the shared rate q, the lattice, σ for the nominal cohort, the
+(``fedpriv.planning``): the shared rate q, the lattice, σ for the nominal cohort, the
 modulus, and what one round books and sends.
 
 The server's ledger books the *nominal* event: a cohort of K shares that together carry σ·C
