@@ -246,7 +246,7 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
     total = sum(min(n, cap) for n in fed.sizes)
     target = fed.target_epsilon if fed.noise_multiplier is None else None  # a given σ is the run's
     setup = distributed_setup(fed.training_plan(), total, fed.population, fed.rounds, target, fed.delta,
-                              Rounding(fed.lattice_rounding))
+                              Rounding(fed.lattice_rounding), released=fed.sizes)
     (round_event,) = setup.events
     sigma = setup.plan.noise_multiplier
     return _mode(fed, "distributed", round_event, sigma, setup.sample_rate, sigma / (setup.sample_rate * total), 1,
