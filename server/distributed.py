@@ -47,7 +47,8 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
           releases: Sequence[tuple[DpEvent, ...]] = ()) -> DistributedSetup:
     """The run's setup for the discovered ``nodes`` (``distributed_setup``): their released
     N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps, σ calibrated
-    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N), SecAgg+ on
+    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N), the lot
+    ``large_lot``'s unless the run names one, SecAgg+ on
     the run's ``secagg-neighbours``; the modulus for their released N's, uncapped, and the
     largest noise of those counts (``lot_bound``)."""
     if not nodes:
@@ -58,7 +59,8 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
     return dataclasses.replace(
         distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
                           settings.target_epsilon, settings.delta, settings.lattice_rounding, prior,
-                          [a.num_examples for a in nodes.values()], count_noise),
+                          [a.num_examples for a in nodes.values()], count_noise,
+                          choose_lot=settings.lot_size is None),
         secagg_neighbours=settings.secagg_neighbours)
 
 

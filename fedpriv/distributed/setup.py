@@ -81,11 +81,27 @@ def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice,
                                    lattice.dimension, sample_rate, steps)
 
 
+STEPS_PER_EPOCH = 3
+"""Distributed mode's lot when the run names none (``large_lot``): ΣN / 3, three DP-SGD steps
+(rounds) an epoch."""
+
+
+def large_lot(total_examples: float) -> int:
+    """Distributed mode's default lot, ⌈ΣN / ``STEPS_PER_EPOCH``⌉: De et al. 2022's large lots.
+    A distributed round costs secure aggregation's exchanges whatever its lot (10 s at 100
+    nodes here, against milliseconds of gradients), so fewer, larger lots at the same ε and
+    epochs cut the run's time by the ratio of the lots (full MNIST: 120 rounds, not 600),
+    and the noise on the averaged gradient, σ·C/lot, falls (σ grows only about as √lot)."""
+    return max(1, math.ceil(total_examples / STEPS_PER_EPOCH))
+
+
 def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, rounds: int,
                       target_epsilon: float | None, delta: float,
                       rounding: Rounding = Rounding.NEAREST, prior_events: Sequence[DpEvent] = (),
-                      released: Sequence[float] = (), count_noise: float = 0.0) -> DistributedSetup:
-    """A distributed run's setup: q = lot / ΣN (the released N's, capped: ``total_examples``),
+                      released: Sequence[float] = (), count_noise: float = 0.0,
+                      choose_lot: bool = False) -> DistributedSetup:
+    """A distributed run's setup: with ``choose_lot`` (the run names no lot) the plan's lot is
+    ``large_lot(total_examples)``; q = lot / ΣN (the released N's, capped: ``total_examples``),
     the coarsest lattice within ``fine_scale``'s inflation for the model, σ calibrated so that
     ``rounds`` steps of the nominal cohort of ``cohort`` shares end at ``target_epsilon``
     (unless σ is the plan's) beside ``prior_events`` (a node's earlier releases), and the
@@ -94,6 +110,8 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
     nodes of ``total_examples`` / ``cohort`` records each)."""
     if cohort < 1 or total_examples < 1:
         raise ValueError(f"a distributed run needs a cohort >= 1 and records, got {cohort} and {total_examples}")
+    if choose_lot:
+        plan = dataclasses.replace(plan, lot_size=large_lot(total_examples))
     q = min(1.0, plan.lot_size / total_examples)
     dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
     rounding = Rounding(rounding)

@@ -23,8 +23,9 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
 - ``distributed``: one DP-SGD step per round on the union, set up by the server's own
   ``fedpriv.distributed.setup.distributed_setup`` with what the server gives it: the plan of
   ``model`` and ``max_grad_norm``, q = lot / Σ min(N, cap) (``training.plan.size_cap``), the
-  nominal cohort K = every client, ``rounds`` steps, and σ as given (a fixed σ is kept, never
-  re-calibrated) or calibrated for the target.
+  nominal cohort K = every client, ``rounds`` steps, σ as given (a fixed σ is kept, never
+  re-calibrated) or calibrated for the target, and without ``lot_size`` the large lot the run
+  takes then (``large_lot``: ΣN / 3, three steps an epoch).
 
 Each mode counts its own rounds: ``rounds`` (planned: a run's ``--rounds``, which distributed
 mode reads as DP-SGD steps), ``epsilon`` (ε after each), ``rounds_affordable`` (count-only
@@ -246,7 +247,7 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
     total = sum(min(n, cap) for n in fed.sizes)
     target = fed.target_epsilon if fed.noise_multiplier is None else None  # a given σ is the run's
     setup = distributed_setup(fed.training_plan(), total, fed.population, fed.rounds, target, fed.delta,
-                              Rounding(fed.lattice_rounding), released=fed.sizes)
+                              Rounding(fed.lattice_rounding), released=fed.sizes, choose_lot=fed.lot_size is None)
     (round_event,) = setup.events
     sigma = setup.plan.noise_multiplier
     return _mode(fed, "distributed", round_event, sigma, setup.sample_rate, sigma / (setup.sample_rate * total), 1,

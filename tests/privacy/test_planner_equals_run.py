@@ -85,6 +85,19 @@ def test_the_plans_sigma_and_epsilon_per_round_are_the_runs_ledgers(mode, model,
         assert column["epsilon"] == pytest.approx(ledger, rel=1e-9)
 
 
+@pytest.mark.parametrize("noise", sorted(NOISE))
+def test_without_a_lot_distributed_mode_plans_and_runs_the_large_lot_of_three_steps_an_epoch(noise):
+    config = {"model": "cnn", "rounds": ROUNDS, "delta": DELTA, "privacy": "distributed", **NOISE[noise]}
+    sigma, server_eps, node_eps = _run_side(config)
+    settings = RunSettings.from_run_config(config)
+    column = plan(Federation(population=len(SIZES), rounds=ROUNDS, delta=DELTA, sizes=SIZES, model="cnn",
+                             target_epsilon=settings.target_epsilon, noise_multiplier=settings.noise_multiplier),
+                  ["distributed"])["modes"]["distributed"]
+    assert column["lot_size"] == math.ceil(sum(SIZES) / 3) and round(1 / column["sample_rate"]) == 3
+    assert column["noise_multiplier"] == pytest.approx(sigma, rel=1e-9)
+    assert column["epsilon"] == pytest.approx(server_eps, rel=1e-9) == node_eps[0]
+
+
 def test_a_given_sigma_is_kept_beside_a_target_and_only_prices_the_rounds_it_affords():
     """The issue's ``--noise-multiplier 0.3`` with a target ε: the distributed column keeps 0.3."""
     fed = Federation(population=3, rounds=3, delta=DELTA, sizes=SIZES, lot_size=LOT, target_epsilon=4.0,
