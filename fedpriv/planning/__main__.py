@@ -28,8 +28,9 @@ def build_parser(prog: str = "python -m fedpriv.planning") -> argparse.ArgumentP
     sizes.add_argument("--records-per-client", type=_count("records per client"), metavar="N")
     sizes.add_argument("--data-sizes", metavar="FILE", help="each client's number of records (a JSON list, or "
                                                             "whitespace-separated integers)")
-    plan.add_argument("--lot-size", type=_count("lot size"), help="each client's expected lot (default: the data "
-                                                                  "set's lot shared out, as the server does)")
+    plan.add_argument("--lot-size", type=_count("lot size"),
+                      help="each client's expected lot, the union's in distributed mode (default: as the server "
+                           "does, the data set's lot shared out; distributed: ΣN / 3)")
     plan.add_argument("--local-epochs", type=_count("local epochs"), default=1)
     plan.add_argument("--target-epsilon", type=_number("target epsilon", lambda e: e > 0, "> 0"))
     plan.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"),
