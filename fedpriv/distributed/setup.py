@@ -50,7 +50,7 @@ class DistributedSetup:
     def resolved(self) -> dict[str, object]:
         """What ``results.json`` adds for a distributed run."""
         return {
-            "privacy": "distributed", "noise_multiplier": self.plan.noise_multiplier,
+            "privacy": "distributed", "noise_multiplier": self.plan.noise_multiplier, "lot_size": self.plan.lot_size,
             "shared_sample_rate": self.sample_rate, "nominal_cohort": self.cohort,
             "lattice_scale": self.lattice.scale, "dimension": self.lattice.dimension,
             "sensitivity": self.lattice.sensitivity,
