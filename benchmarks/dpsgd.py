@@ -7,7 +7,8 @@ One step = forward + backward + (clip + noise) + optimizer step on a fixed in-me
 ``build_model`` makes it (the CNN in channels_last: all get the same kernels).  fedpriv runs
 ``train_dpsgd`` on a 256-example set with q = 1, so every Poisson lot is the whole batch
 (sampling and gathering included); Opacus runs ``make_private`` without Poisson sampling on
-the same tensors, in each of its modes.
+the same tensors, in each of its modes.  On CUDA fedpriv's step is captured in CUDA graphs
+(``fedpriv.dpsgd.static``) and ``fedpriv_eager`` is the same step uncaptured.
 Each implementation is built once per model and warmed up; then they run interleaved
 (round-robin, the order rotating each round), ``Schedule.rounds`` rounds of one timed chunk
 each, a chunk being as many steps as fill ``Schedule.chunk_s``.  Each reports the median of its chunks'
@@ -67,7 +68,10 @@ def non_private(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunne
     return run
 
 
-def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]:
+ImplementationFactory = Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]
+
+
+def fedpriv(mode: str, static_shapes: bool | None = None) -> ImplementationFactory:
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         config = DPSGDConfig(
@@ -77,14 +81,14 @@ def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Step
 
         def run(n: int) -> None:
             train_dpsgd(model, x, y, config=config, steps=n, optimizer=opt,
-                        sampling_generator=sampling, noise_generator=noise)
+                        sampling_generator=sampling, noise_generator=noise, static_shapes=static_shapes)
 
         return run
 
     return make
 
 
-def opacus(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]:
+def opacus(mode: str) -> ImplementationFactory:
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         from opacus import PrivacyEngine
 
@@ -111,10 +115,11 @@ def opacus(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepR
     return make
 
 
-IMPLEMENTATIONS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]] = {
+IMPLEMENTATIONS: dict[str, ImplementationFactory] = {
     "nonprivate": non_private,
     "fedpriv": fedpriv("auto"),
     "fedpriv_vmap": fedpriv("vmap"),
+    "fedpriv_eager": fedpriv("auto", static_shapes=False),  # on CUDA only: "fedpriv" is captured there
     **{f"opacus_{mode}": opacus(mode) for mode in OPACUS_MODES},
 }
 
@@ -186,6 +191,8 @@ def benchmark(quick: bool, clock: Callable[[], float]) -> dict:
     for model_name in MODELS:
         runs: dict[str, tuple[StepRunner, int]] = {}
         for impl, make in IMPLEMENTATIONS.items():
+            if impl == "fedpriv_eager" and device.type != "cuda":
+                continue
             try:
                 run = make(build_model(model_name, seed=0).to(device), x, y)
                 runs[impl] = (run, steps_for(run, schedule, device, clock))

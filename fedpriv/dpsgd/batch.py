@@ -45,7 +45,11 @@ def batch_gradient_sum(
                          f"max_grad_norm = inf), got σ = {config.noise_multiplier!r}, C = {config.max_grad_norm!r}")
     tensors = list(params.values())
 
-    def gradient_sum(features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]) -> torch.Tensor:
+    def gradient_sum(
+        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if mask is not None:  # a padded micro-batch: only the per-example path can leave rows out
+            return per_example(features, labels, into, mask)
         total = loss_fn(model(features), labels) * len(labels)  # Σ_i loss_i: the mean's B times
         grads = torch.autograd.grad(total, tensors, allow_unused=True, materialize_grads=True)
         if not bool(torch.stack([total.isfinite(), *(g.isfinite().all() for g in grads)]).all()):

@@ -195,7 +195,7 @@ def bookkeeping_clipped_sum(
     handles = [layer.register_forward_hook(keep) for layer in layers]
 
     def clipped_sum(
-        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]
+        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor], mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         captured.clear()
         predictions = model(features)
@@ -217,13 +217,13 @@ def bookkeeping_clipped_sum(
 
         grads = [per_example(p) for p in params.values()]
         sq_norms = [g.squared_norms() for g in grads]
-        factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
+        factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping, mask)
         for buffer, g, f in zip(into, grads, factors, strict=True):
             g.add_weighted_sum_(buffer, f, keep)
-        if bool(torch.isfinite(loss_sum)):
+        if mask is None and bool(torch.isfinite(loss_sum)):
             return loss_sum.detach()
-        with torch.no_grad():  # rare: leave the non-finite per-example losses out
-            return finite_sum(per_example_losses(loss_fn, predictions, labels))
+        with torch.no_grad():  # rare without a mask: leave the non-finite per-example losses out
+            return finite_sum(per_example_losses(loss_fn, predictions, labels), mask)
 
     try:
         yield clipped_sum

@@ -55,16 +55,18 @@ def vmap_clipped_sum(
     features: torch.Tensor,
     labels: torch.Tensor,
     into: Sequence[torch.Tensor],
+    mask: torch.Tensor | None = None,
     *,
     loss_fn: LossFn,
     config: DPSGDConfig,
 ) -> torch.Tensor:
     """Add Σ_i clip(g_i) per parameter tensor into ``into``, by materialising every g_i
-    (examples with a non-finite gradient left out); return Σ_i loss_i over finite losses."""
+    (examples with a non-finite gradient, and rows ``mask`` leaves out, left out); return
+    Σ_i loss_i over finite losses."""
     grads, losses = per_example_gradients(model, params, features, labels, loss_fn)
     per_example = list(grads.values())
     sq_norms = [squared_norms(g) for g in per_example]
-    factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
+    factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping, mask)
     for buffer, f, g in zip(into, factors, per_example, strict=True):
         add_weighted_sum_(buffer, f, g, keep)
-    return finite_sum(losses)
+    return finite_sum(losses, mask)
