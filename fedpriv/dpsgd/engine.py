@@ -29,6 +29,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
+from fedpriv.dpsgd.augmentation import Augmentation
 from fedpriv.dpsgd.batch import batch_gradient_sum, is_plain
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import ClippedSumFn
@@ -74,6 +75,7 @@ def train_dpsgd(
     progress: bool = False,
     expected_lot_size: float | None = None,
     static_shapes: bool | None = None,
+    augment: Augmentation | None = None,
 ) -> TrainReport:
     """Run ``steps`` DP-SGD steps on ``model`` (put in train mode) over (features, labels).
 
@@ -89,6 +91,8 @@ def train_dpsgd(
     bucket's clipped sum from a CUDA graph (``static``: same sums, same events); None (the
     default) does so on CUDA unless ``$FEDPRIV_CUDA_GRAPHS`` is ``0`` or the schedule is
     the non-private one (whose batched gradient has few launches anyway).
+    ``augment``: each example's gradient is the mean over its ``augment.multiplicity``
+    augmented copies, before clipping (``augmentation``; the event is unchanged); eager.
     """
     params = trainable_parameters(model)
     num_examples = _check_inputs(params, features, labels, steps, sampling_generator, noise_generator, config)
@@ -104,13 +108,14 @@ def train_dpsgd(
     loss_total = torch.zeros((), device=features.device)
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
-        if use_static_shapes(static_shapes, config, features.device):
+        if augment is None and use_static_shapes(static_shapes, config, features.device):
             sums = static_sums(model, params, features, labels, config)
             flat, grads = sums.flat, sums.grads
             lot_sum = sums.lot_sum(clipped_sum, config.max_physical_batch_size)
         else:
             flat, grads = gradient_buffers(params)
-            lot_sum = partial(add_clipped_sums_, clipped_sum, features, labels, into=grads, config=config)
+            lot_sum = partial(add_clipped_sums_, clipped_sum, features, labels, into=grads, config=config,
+                              augment=augment)
         for _ in tqdm(range(steps), desc="DP-SGD", disable=not progress):
             with record_function(LOT):
                 lot = draw_lot()
@@ -207,12 +212,15 @@ def add_clipped_sums_(
     lot: torch.Tensor,
     into: Sequence[torch.Tensor],
     config: DPSGDConfig,
+    augment: Augmentation | None = None,
 ) -> torch.Tensor:
     """Add Σ over the lot of clipped per-example gradients into ``into``, one micro-batch at
-    a time; return Σ over the lot of per-example losses (0 for an empty lot)."""
+    a time (each example's gradient over its ``augment``ed copies); return Σ over the lot of
+    per-example losses (0 for an empty lot)."""
     loss_sum = torch.zeros((), device=features.device)
     for batch in micro_batches(lot, config.max_physical_batch_size):
-        loss_sum += clipped_sum(*examples_at(features, labels, batch), into)
+        inputs, targets = examples_at(features, labels, batch)
+        loss_sum += clipped_sum(inputs if augment is None else augment(inputs), targets, into)
     return loss_sum
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedpriv.dpsgd.augmentation import copies
 from fedpriv.dpsgd.clipping import add_weighted_sum_, clip_factors, finite_sum, squared_norms
 from fedpriv.dpsgd.config import DPSGDConfig
 
@@ -37,16 +38,17 @@ def per_example_gradients(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """({name: (B, *shape) gradients of each example's loss}, (B,) per-example losses).
 
-    Each example runs as a batch of one, so its gradient cannot depend on the others;
-    ``randomness="different"`` gives each example its own dropout mask.
+    Each example runs as a batch of its K copies (``augmentation.copies``; 1 without
+    augmentation), so its gradient cannot depend on the others and is the mean over its
+    copies; ``randomness="different"`` gives each example its own dropout mask.
     """
     detached = {name: p.detach() for name, p in params.items()}
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+        return loss_fn(functional_call(model, p, (x,)), y.expand(len(x)))
 
     per_example = vmap(grad_and_value(example_loss), in_dims=(None, 0, 0), randomness="different")
-    return per_example(detached, features, labels)
+    return per_example(detached, features.unflatten(0, (len(labels), copies(features, labels))), labels)
 
 
 def vmap_clipped_sum(
