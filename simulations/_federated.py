@@ -149,8 +149,8 @@ def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> 
 
 
 def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict[str, Any]:
-    """``--dry-run``: the planner's plan of this run (``fedpriv.privacy.planner``; N public), printed."""
-    from fedpriv.privacy.planner import Federation, plan, table
+    """``--dry-run``: the planner's plan of this run (``fedpriv.planning``; N public), printed."""
+    from fedpriv.planning import Federation, plan, table
     from fedpriv.training import default_plan
 
     user = settings.privacy is PrivacyMode.USER
@@ -163,6 +163,8 @@ def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict
         sizes=tuple(share_sizes(settings, num_clients, partition_key)), lot_size=settings.lot_size,
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
         dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
+        model=settings.model, max_grad_norm=settings.max_grad_norm, user_clip=settings.user_clip,
+        lattice_rounding=str(settings.lattice_rounding),
     )
     result = plan(fed)
     print(table(result))

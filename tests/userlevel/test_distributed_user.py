@@ -328,7 +328,7 @@ def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_a
     for the default model's d, c = scale); z calibrated: the smallest 3-digit share whose
     rounds end at the target, so one unit less in the share's third digit overshoots."""
     from fedpriv.distributed.lattice import fine_scale
-    from fedpriv.privacy.planner import Federation, plan
+    from fedpriv.planning import Federation, plan
     from fedpriv.training import default_plan
 
     d = sum(t.numel() for t in build_model(default_plan("mnist").model, 0).state_dict().values())
