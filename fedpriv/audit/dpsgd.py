@@ -61,10 +61,10 @@ from fedpriv.audit.canaries import (
     with_canaries,
 )
 from fedpriv.audit.one_run import DEFAULT_CONFIDENCE, best_guesses
-from fedpriv.audit.steps import DEFAULT_ALPHA, StepAudit, audit_steps
+from fedpriv.audit.steps import DEFAULT_ALPHA, StepAudit, audit_steps, canary_lattice
 from fedpriv.data import load_dataset
 from fedpriv.distributed.contribution import decode_sum, distributed_contribution, unflatten
-from fedpriv.distributed.lattice import Lattice, Rounding, fine_scale
+from fedpriv.distributed.lattice import Lattice
 from fedpriv.dpsgd import DPSGDConfig, steps_per_epoch, train_dpsgd
 from fedpriv.federation.settings import PrivacyMode, ServerRandomness
 from fedpriv.federation.userlevel_steps import RoundNoise, clipped_delta, noisy_step, sent_delta
@@ -77,7 +77,6 @@ from fedpriv.privacy import (
     dpsgd_event,
     epsilon_of,
 )
-from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.userlevel import user_round_event
 from fedpriv.seeding import derive_seed, generator, round_generators
 from fedpriv.training import TrainingPlan, train_round
@@ -145,14 +144,15 @@ class CanaryAudit:
     def trained_noise_multiplier(self, booked: float) -> float:
         return booked if self.unsafe_noise_multiplier is None else self.unsafe_noise_multiplier
 
-    def step_audit(self, booked: float, batch: int) -> StepAudit:
-        """The white-box step audit of this run's claim (σ booked, C), with its negative
-        controls: ``unsafe_noise_multiplier`` as a noise scale, and ``bug``."""
+    def step_audit(self, booked: float, batch: int, clients: int | None) -> StepAudit:
+        """The white-box step audit of this run's claim (σ booked, C; ``clients`` None: the
+        engine's step, else distributed mode's), with its negative controls:
+        ``unsafe_noise_multiplier`` as a noise scale, and ``bug``."""
         trained = self.trained_noise_multiplier(booked) / booked
         bug = EngineBug(self.bug.noise_scale * trained, self.bug.clip_scale)
         return StepAudit(noise_multiplier=booked, max_grad_norm=self.max_grad_norm, canaries=self.step_canaries,
                          batch=batch, alpha=self.step_alpha, seed=self.seed, model=self.model, lr=self.lr,
-                         max_physical_batch_size=self.max_physical_batch_size, bug=bug)
+                         max_physical_batch_size=self.max_physical_batch_size, bug=bug, clients=clients)
 
 
 @dataclass
@@ -293,12 +293,9 @@ def _distributed(setup: CanaryAudit, included: torch.Tensor, progress: Progress)
         raise NotAvailableError("the distributed audit has gradient canaries only: the server sees sums, not models")
     clients = setup.clients or 1
     features, labels = _real_data(setup)
-    shape = tuple(features.shape[1:])
-    model = _canary_model(setup, shape)
-    dimension = sum(p.numel() for p in model.parameters())
-    lattice = Lattice(fine_scale(setup.max_grad_norm, dimension, rounding=Rounding.NEAREST), setup.max_grad_norm,
-                      dimension, modulus_bits=48, rounding=Rounding.NEAREST)
-    booked = _distributed_sigma(setup, lattice, clients)
+    model = _canary_model(setup, tuple(features.shape[1:]))
+    lattice, booked, claimed = _distributed_claim(setup, model)
+    dimension = lattice.dimension
     trained = setup.trained_noise_multiplier(booked)
     owner = torch.arange(setup.canaries) % clients
     shares = [with_canaries(features[k::clients], labels[k::clients], included & (owner == k))[:2]
@@ -325,20 +322,20 @@ def _distributed(setup: CanaryAudit, included: torch.Tensor, progress: Progress)
     counts = observation(torch.stack(seen), divisor, setup.max_grad_norm)
     sigma = noise_estimate(counts[:, setup.canaries:], 1)
     scores = log_likelihood_ratio(counts[:, :setup.canaries], 1, setup.sample_rate, sigma).sum(0)
-    return _Run(scores.numpy(), booked, sigma, claimed=epsilon_of(
-        _distributed_event(booked, setup, lattice, clients), setup.delta))
+    return _Run(scores.numpy(), booked, sigma, claimed=claimed)
 
 
-def _distributed_event(sigma: float, setup: CanaryAudit, lattice: Lattice, clients: int) -> DpEvent:
-    return distributed_dpsgd_event(lattice.noise_stddev(sigma, clients), clients, lattice.sensitivity,
-                                   lattice.dimension, setup.sample_rate, setup.steps)
-
-
-def _distributed_sigma(setup: CanaryAudit, lattice: Lattice, clients: int) -> float:
-    """σ whose K shares a node books at ``target_epsilon`` (the share calibrated, as a σ)."""
+def _distributed_claim(setup: CanaryAudit, model: CanaryModel) -> tuple[Lattice, float, float]:
+    """The one-run model's lattice, the σ whose K shares a node books at ``target_epsilon``
+    (the share calibrated, as a σ), and the ε that node's ledger books for the run."""
+    clients = setup.clients or 1
+    lattice = canary_lattice(setup.max_grad_norm, sum(p.numel() for p in model.parameters()))
     share = calibrate_distributed_noise(setup.target_epsilon, setup.delta, setup.sample_rate, setup.steps, clients,
                                         lattice.sensitivity, lattice.dimension)
-    return share * math.sqrt(clients) / lattice.clip
+    booked = share * math.sqrt(clients) / lattice.clip
+    event = distributed_dpsgd_event(lattice.noise_stddev(booked, clients), clients, lattice.sensitivity,
+                                    lattice.dimension, setup.sample_rate, setup.steps)
+    return lattice, booked, epsilon_of(event, setup.delta)
 
 
 def _user(setup: CanaryAudit, included: torch.Tensor, progress: Progress) -> _Run:
@@ -410,20 +407,18 @@ def audit_dpsgd(setup: CanaryAudit, mode: PrivacyMode | str = PrivacyMode.LOCAL,
     parts: dict[str, Any] = {}
     if "one-run" in setup.parts:
         parts["one_run"], booked, claimed = _one_run(setup, mode, progress)
-    else:  # the claim without the run: local mode's σ and event
-        if mode is not PrivacyMode.LOCAL:
-            raise NotAvailableError(f"the white-box step audit alone is for local mode, not {mode}")
-        booked = setup.noise_multiplier()
-        claimed = epsilon_of(dpsgd_event(booked, setup.sample_rate, setup.steps), setup.delta)
+    else:  # the claim without the run
+        booked, claimed = _claim(setup, mode)
     if "white-box" not in setup.parts:
         parts["white_box"] = {"skipped": "not asked for"}
-    elif mode is not PrivacyMode.LOCAL:
-        parts["white_box"] = {"skipped": f"the step audit drives fedpriv.dpsgd's engine, which {mode} mode's "
-                                         "steps do not call"}
+    elif mode is PrivacyMode.USER:
+        parts["white_box"] = {"skipped": "the step audit drives a node's DP-SGD step (the engine's, or distributed "
+                                         "mode's contribution); user level's nodes send un-noised deltas"}
     else:
         features, labels = _real_data(setup)
         batch = max(1, round(setup.sample_rate * len(labels)))
-        parts["white_box"] = audit_steps(setup.step_audit(booked, batch), features, labels,
+        clients = None if mode is PrivacyMode.LOCAL else setup.clients or 1
+        parts["white_box"] = audit_steps(setup.step_audit(booked, batch, clients), features, labels,
                                          setup.sample_rate, setup.steps, setup.delta, progress)
     return {
         "flagged": any(part.get("flagged", False) for part in parts.values()),
@@ -443,6 +438,17 @@ def audit_dpsgd(setup: CanaryAudit, mode: PrivacyMode | str = PrivacyMode.LOCAL,
         "train_size": setup.train_size,
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def _claim(setup: CanaryAudit, mode: PrivacyMode) -> tuple[float, float]:
+    """(σ booked, claimed ε) without training: what the one-run part's training would book."""
+    if mode is PrivacyMode.DISTRIBUTED:
+        _, booked, claimed = _distributed_claim(setup, _canary_model(setup, _real_data(setup)[0].shape[1:]))
+        return booked, claimed
+    if mode is not PrivacyMode.LOCAL:
+        raise NotAvailableError(f"the white-box step audit runs alone in local or distributed mode, not {mode}")
+    booked = setup.noise_multiplier()
+    return booked, epsilon_of(dpsgd_event(booked, setup.sample_rate, setup.steps), setup.delta)
 
 
 def _one_run(setup: CanaryAudit, mode: PrivacyMode, progress: Progress) -> tuple[dict[str, Any], float, float]:

@@ -27,12 +27,18 @@ A noise bug (noise σC/2) shows as s⁺ ≈ σ/2, a clipping bug (canaries clipp
 Δ⁻ ≈ 2: either way μ⁻ ≈ 2/σ. A correct engine is rejected with probability at most α; one
 that adds more noise than claimed (more private) never more often.
 
-Assumptions: the engine's noise is Gaussian and independent across coordinates and steps
-(that is the claim tested), and a canary's Dirac gradient is the worst case of the clipped
-sum's sensitivity (it reaches the bound; the test is for the Gaussian mechanism of one step,
-not for Poisson sampling's amplification, which the one-run audit exercises).
-``epsilon_at_lower_bound`` is the ε the same accountant gives the run (q, T steps) with
-steps of multiplier 1/μ⁻: above the claim exactly when the claim is rejected.
+Distributed mode (``clients`` K): step t is K nodes' real ``distributed_contribution`` (q = 1,
+canary j a record of node j mod K; lattice, rounding, discrete Gaussian shares) summed mod
+2^48 and decoded as the server decodes; the claim is the lattice's Δ₂ over the K shares'
+noise σ·C·scale, μ = Δ₂/(σ·C·scale) (0.1 % above 1/σ: rounding's slack).
+
+Assumptions: the noise is Gaussian (a sum of discrete Gaussians of large variance) and
+independent across coordinates and steps (that is the claim tested), and a canary's Dirac
+gradient is the worst case of the clipped sum's sensitivity (it reaches the bound; the test
+is for the Gaussian mechanism of one step, not for Poisson sampling's amplification, which
+the one-run audit exercises). ``epsilon_at_lower_bound`` is the ε the claim's accountant
+gives the run (q, T steps) with steps of parameter μ⁻: above the claim exactly when the
+claim is rejected.
 """
 
 from __future__ import annotations
@@ -48,10 +54,12 @@ from scipy import stats
 
 from fedpriv.audit.bugs import NO_BUG, EngineBug
 from fedpriv.audit.canaries import CanaryModel, Recorder, observation, with_canaries
+from fedpriv.distributed.contribution import decode_sum, distributed_contribution, unflatten
+from fedpriv.distributed.lattice import Lattice, Rounding, fine_scale
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
-from fedpriv.privacy import dpsgd_event, epsilon_of
-from fedpriv.seeding import generator
+from fedpriv.privacy import distributed_dpsgd_event, dpsgd_event, epsilon_of
+from fedpriv.seeding import derive_seed, generator
 
 DEFAULT_ALPHA = 1e-4
 """The step audit's false-alarm rate: a correct engine is flagged at most this often."""
@@ -81,6 +89,8 @@ class StepAudit:
     lr: float = 0.05
     max_physical_batch_size: int = 256
     bug: EngineBug = NO_BUG
+    clients: int | None = None
+    """None: the engine's step (local mode); K: distributed mode's step over K nodes."""
 
     def __post_init__(self) -> None:
         if self.canaries < 2 or (self.steps is not None and self.steps < 1) or self.batch < 1:
@@ -109,32 +119,100 @@ class Observations:
     absent: np.ndarray
 
 
+class _EngineStep:
+    """Local mode: one step of the real engine (``train_dpsgd``, q = 1) on the composed lot;
+    the canary coordinates of its noisy clipped sum (the privatised gradient × the public
+    divisor). The claim: sensitivity C, noise σC, so μ = 1/σ."""
+
+    def __init__(self, setup: StepAudit, model: CanaryModel) -> None:
+        self.setup, self.model = setup, model
+        self.config = setup.bug.config(DPSGDConfig(noise_multiplier=setup.noise_multiplier,
+                                                   max_grad_norm=setup.max_grad_norm, sample_rate=1.0,
+                                                   max_physical_batch_size=setup.max_physical_batch_size))
+        self.divisor = setup.batch + setup.canaries / 2  # public: the same whatever the coins
+        self.mu_claimed = 1 / setup.noise_multiplier
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, chosen: torch.Tensor, t: int) -> torch.Tensor:
+        recorder = Recorder(self.model, self.setup.lr)
+        seed = self.setup.seed
+        train_dpsgd(self.model, x, y, config=self.config, steps=1, optimizer=recorder,
+                    sampling_generator=generator(seed, "audit", "step-lot", t),
+                    noise_generator=generator(seed, "audit", "step-noise", t), expected_lot_size=self.divisor)
+        return recorder.seen[0] * self.divisor
+
+    def epsilon_at(self, mu: float, sample_rate: float, steps: int, delta: float) -> float:
+        """The run's ε by the claim's accountant were every step a Gaussian of multiplier 1/μ."""
+        return epsilon_of(dpsgd_event(1 / mu, sample_rate, steps), delta)
+
+
+class _DistributedStep:
+    """Distributed mode: K nodes' ``distributed_contribution`` (q = 1: each node's part of
+    the composed lot, canary j a record of node j mod K; nearest rounding onto the lattice,
+    its discrete Gaussian share for K honest shares) summed mod 2^48 and decoded as the
+    server decodes; the canary coordinates of that sum, and the server's step. The claim:
+    the lattice's Δ₂ over the K shares' noise σ·C·scale."""
+
+    def __init__(self, setup: StepAudit, model: CanaryModel, clients: int) -> None:
+        self.setup, self.model, self.clients = setup, model, clients
+        dimension = sum(p.numel() for p in model.parameters())
+        self.lattice = canary_lattice(setup.max_grad_norm, dimension)
+        self.mu_claimed = self.lattice.sensitivity / (setup.noise_multiplier * self.lattice.clip)
+        self.divisor = setup.batch + setup.canaries / 2
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, chosen: torch.Tensor, t: int) -> torch.Tensor:
+        seed, lattice, clients = self.setup.seed, self.lattice, self.clients
+        node = torch.cat([torch.arange(self.setup.batch) % clients, chosen % clients])
+        total = np.zeros(lattice.dimension, dtype=np.uint64)
+        for k in range(clients):
+            mine = node == k
+            contribution = distributed_contribution(
+                self.model, x[mine], y[mine], sample_rate=1.0, lattice=lattice,
+                noise_multiplier=self.setup.noise_multiplier * self.setup.bug.noise_scale, honest_shares=clients,
+                secure=False, max_physical_batch_size=self.setup.max_physical_batch_size,
+                sampling_generator=generator(seed, "audit", "step-lot", k, t),
+                rounding_generator=generator(seed, "audit", "step-rounding", k, t),
+                noise_generator=np.random.default_rng(derive_seed(seed, "audit", "step-noise", k, t)))
+            total = (total + contribution.vector) % np.uint64(lattice.modulus)
+        grads = unflatten(decode_sum(total, lattice), self.model)  # the noisy clipped sum the server sees
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.sub_(self.setup.lr / self.divisor * grads[name])
+        return grads["canary.weight"][0].clone()
+
+    def epsilon_at(self, mu: float, sample_rate: float, steps: int, delta: float) -> float:
+        """The run's ε by the distributed event were the K shares' noise Δ₂/μ in all."""
+        share = self.lattice.sensitivity / (mu * math.sqrt(self.clients))
+        return epsilon_of(distributed_dpsgd_event(share, self.clients, self.lattice.sensitivity,
+                                                  self.lattice.dimension, sample_rate, steps), delta)
+
+
+def canary_lattice(max_grad_norm: float, dimension: int) -> Lattice:
+    """The audits' lattice for distributed mode: nearest rounding at the scale that keeps Δ₂
+    within 0.1 % of C, a 48-bit secure sum."""
+    return Lattice(fine_scale(max_grad_norm, dimension, rounding=Rounding.NEAREST), max_grad_norm, dimension,
+                   modulus_bits=48, rounding=Rounding.NEAREST)
+
+
 def observe(setup: StepAudit, features: torch.Tensor, labels: torch.Tensor,
-            progress: Callable[[str], None] | None = None) -> Observations:
-    """Run ``setup.step_count`` engine steps with canaries in the auditor's chosen steps; the y's."""
+            progress: Callable[[str], None] | None = None) -> tuple[Observations, _EngineStep | _DistributedStep]:
+    """Run ``setup.step_count`` steps with canaries in the auditor's chosen steps; the y's
+    and the step that made them (its claim)."""
     coins = torch.rand(setup.step_count, setup.canaries, generator=generator(setup.seed, "audit", "step-coins")) < 0.5
     pick = generator(setup.seed, "audit", "step-batches")
     model = CanaryModel(build_model(setup.model, setup.seed), tuple(features.shape[1:]), setup.canaries, 10,
                         setup.max_grad_norm)
-    config = setup.bug.config(DPSGDConfig(noise_multiplier=setup.noise_multiplier,
-                                          max_grad_norm=setup.max_grad_norm, sample_rate=1.0,
-                                          max_physical_batch_size=setup.max_physical_batch_size))
-    divisor = setup.batch + setup.canaries / 2  # public: the same whatever the coins
+    step = _EngineStep(setup, model) if setup.clients is None else _DistributedStep(setup, model, setup.clients)
     seen = []
     for t in range(setup.step_count):
         real = torch.randperm(len(labels), generator=pick)[:setup.batch]
-        x, y, _ = with_canaries(features[real], labels[real], coins[t])
-        recorder = Recorder(model, setup.lr)
-        train_dpsgd(model, x, y, config=config, steps=1, optimizer=recorder,
-                    sampling_generator=generator(setup.seed, "audit", "step-lot", t),
-                    noise_generator=generator(setup.seed, "audit", "step-noise", t), expected_lot_size=divisor)
-        seen.append(recorder.seen[0])
+        x, y, chosen = with_canaries(features[real], labels[real], coins[t])
+        seen.append(step(x, y, chosen, t))
         if progress is not None:
             progress(f"white-box step audit: step {t + 1}/{setup.step_count}")
-    counts = observation(torch.stack(seen), divisor, setup.max_grad_norm).double().numpy()  # (T, m + sentinels)
+    counts = observation(torch.stack(seen), 1.0, setup.max_grad_norm).double().numpy()  # (T, m + sentinels)
     canary = counts[:, :setup.canaries]
     inserted = coins.numpy()
-    return Observations(canary[inserted], np.concatenate([canary[~inserted], counts[:, setup.canaries:].ravel()]))
+    return Observations(canary[inserted], np.concatenate([canary[~inserted], counts[:, setup.canaries:].ravel()])), step
 
 
 @dataclass(frozen=True)
@@ -157,7 +235,7 @@ class StepBound:
         return self.mu_lower > self.mu_claimed
 
 
-def bound(seen: Observations, noise_multiplier: float, alpha: float) -> StepBound:
+def bound(seen: Observations, mu_claimed: float, alpha: float) -> StepBound:
     """The one-sided bounds of the module docstring, each at ``alpha``/2, and μ⁻ = Δ⁻/s⁺."""
     absent, inserted = seen.absent, seen.inserted
     if len(absent) < 1 or len(inserted) < 2:
@@ -169,16 +247,17 @@ def bound(seen: Observations, noise_multiplier: float, alpha: float) -> StepBoun
     noise_estimate = math.sqrt(squares / len(absent))
     mu_lower = math.inf if noise_upper == 0 else max(0.0, shift_lower) / noise_upper
     mu_estimate = math.inf if noise_estimate == 0 else mean / noise_estimate
-    return StepBound(noise_estimate, noise_upper, mean, shift_lower, 1 / noise_multiplier, mu_estimate, mu_lower,
+    return StepBound(noise_estimate, noise_upper, mean, shift_lower, mu_claimed, mu_estimate, mu_lower,
                      len(inserted), len(absent), alpha)
 
 
 def audit_steps(setup: StepAudit, features: torch.Tensor, labels: torch.Tensor, sample_rate: float, run_steps: int,
                 delta: float, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the white-box step audit; its part of the command's result."""
-    result = bound(observe(setup, features, labels, progress), setup.noise_multiplier, setup.alpha)
+    seen, step = observe(setup, features, labels, progress)
+    result = bound(seen, step.mu_claimed, setup.alpha)
     implied = math.inf if result.mu_lower == math.inf else \
-        0.0 if result.mu_lower == 0 else epsilon_of(dpsgd_event(1 / result.mu_lower, sample_rate, run_steps), delta)
+        0.0 if result.mu_lower == 0 else step.epsilon_at(result.mu_lower, sample_rate, run_steps, delta)
     return {
         "method": "white-box step audit (Nasr et al. 2023): Dirac gradient canaries inserted in known random steps "
                   "of the real engine; chi-square bound on the noise, Student t bound on the clipped canary's shift",

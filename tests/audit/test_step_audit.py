@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from fedpriv.audit.bugs import EngineBug
 from fedpriv.audit.canaries import CanaryModel, with_canaries
@@ -35,18 +36,17 @@ def test_the_bound_covers_the_truth_at_its_confidence():
     # 2,000 audits of an exact Gaussian mechanism at α = 0.05: the claim is rejected in at most
     # 5 % of them (with a binomial margin of 3 standard deviations), a twice-as-sharp one always
     rng = np.random.default_rng(0)
-    rejected = sum(bound(_synthetic(rng, 200, SIGMA), SIGMA, 0.05).flagged for _ in range(2000))
+    rejected = sum(bound(_synthetic(rng, 200, SIGMA), 1 / SIGMA, 0.05).flagged for _ in range(2000))
     assert rejected <= 2000 * 0.05 + 3 * math.sqrt(2000 * 0.05 * 0.95)
-    assert all(bound(_synthetic(rng, 200, SIGMA, noise=SIGMA / 2), SIGMA, 0.05).flagged for _ in range(100))
-    assert all(bound(_synthetic(rng, 200, SIGMA, shift=2.0), SIGMA, 0.05).flagged for _ in range(100))
+    assert all(bound(_synthetic(rng, 200, SIGMA, noise=SIGMA / 2), 1 / SIGMA, 0.05).flagged for _ in range(100))
+    assert all(bound(_synthetic(rng, 200, SIGMA, shift=2.0), 1 / SIGMA, 0.05).flagged for _ in range(100))
     # more noise than claimed (more private) is never a finding
-    assert not any(bound(_synthetic(rng, 200, SIGMA, noise=2 * SIGMA), SIGMA, 0.05).flagged for _ in range(100))
+    assert not any(bound(_synthetic(rng, 200, SIGMA, noise=2 * SIGMA), 1 / SIGMA, 0.05).flagged for _ in range(100))
 
 
 def test_the_bound_is_the_closed_form():
     seen = Observations(np.array([1.0, 3.0, 2.0]), np.array([1.0, -1.0, 2.0, 0.0]))
-    result = bound(seen, 2.0, 0.1)
-    from scipy import stats
+    result = bound(seen, 0.5, 0.1)
 
     assert result.noise_upper == pytest.approx(math.sqrt(6.0 / stats.chi2.ppf(0.05, 4)))
     assert result.shift_lower == pytest.approx(2.0 - stats.t.ppf(0.95, 2) * 1.0 / math.sqrt(3))
@@ -76,10 +76,10 @@ def mnist(shared_data_dir):
     return model_inputs("cnn", data.features, cache_dir=False), data.labels
 
 
-def _audit(mnist, bug, seed=0):
+def _audit(mnist, bug, clients=None, batch=20):
     # 32 canaries, 20 steps of 20 real examples: 320 observations with the canary, about
     # 100·σ² / 1.1 (the default's power at σ = 1.89)
-    setup = StepAudit(noise_multiplier=SIGMA, canaries=32, steps=20, batch=20, seed=seed, bug=bug)
+    setup = StepAudit(noise_multiplier=SIGMA, canaries=32, steps=20, batch=batch, bug=bug, clients=clients)
     return audit_steps(setup, *mnist, sample_rate=0.1, run_steps=50, delta=1e-5)
 
 
@@ -100,6 +100,18 @@ def test_half_the_noise_is_flagged(mnist):
 def test_clipping_at_twice_the_bound_is_flagged(mnist):
     result = _audit(mnist, EngineBug(clip_scale=2.0))
     assert result["flagged"] and result["clipped_norm_lower_bound"] > 1.0
+
+
+def test_distributed_steps_are_audited_as_the_server_sees_them(mnist):
+    """Distributed mode: K nodes' real contributions (lattice, rounding, discrete Gaussian
+    shares) decoded as the server does; the claim is the lattice's Δ₂ over the shares' noise.
+    The nodes adding half their share's noise (the negative control) is flagged."""
+    correct = _audit(mnist, EngineBug(), clients=2, batch=4)
+    assert not correct["flagged"] and correct["mu_claimed"] == pytest.approx(1 / SIGMA, rel=2e-3)
+    assert correct["noise_multiplier_estimate"] == pytest.approx(SIGMA, rel=0.1)
+    assert correct["clipped_norm_estimate"] == pytest.approx(1.0, abs=0.5)
+    broken = _audit(mnist, EngineBug(noise_scale=0.5), clients=2, batch=4)
+    assert broken["flagged"] and broken["noise_multiplier_upper_bound"] < SIGMA
 
 
 def _command(shared_data_dir, tmp_path, capsys, *flags):
