@@ -133,9 +133,7 @@ def _dpsgd(args: argparse.Namespace) -> dict[str, Any]:
                    bug=EngineBug(args.bug_noise_scale, args.bug_clip_scale))
     result = audit_dpsgd(setup, args.privacy, _progress())
     scores = result.get("one_run", {}).pop("scores", None)
-    if args.plot is not None:
-        if scores is None:
-            raise ValueError("--plot draws the one-run part's scores: run it (--parts one-run or all)")
+    if args.plot is not None and scores is not None:
         _scores_plot(result, scores, args.plot)
     return result
 
@@ -256,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "dpsgd":
+        if args.plot is not None and args.parts == "white-box":
+            parser.error("--plot draws the one-run part's scores: run it (--parts one-run or all)")
         if args.unsafe_noise_multiplier is not None:
             print(f"{RED}NEGATIVE CONTROL: training with noise multiplier {args.unsafe_noise_multiplier:g}, "
                   f"less than the accountant books: this run is NOT private{RESET}", file=sys.stderr)

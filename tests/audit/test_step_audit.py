@@ -143,3 +143,13 @@ def test_the_bugs_are_refused_outside_the_engine(shared_data_dir, tmp_path, caps
     status, _, printed = _command(shared_data_dir, tmp_path, capsys, "--privacy", "user", "--bug-noise-scale", "0.5")
     assert status == 2
     assert printed.err.strip().splitlines()[-1].endswith("local mode only, not user")
+
+
+def test_a_plot_without_the_one_run_part_is_refused_before_any_work(tmp_path, capsys):
+    from simulations.audit import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["dpsgd", "--target-epsilon", "2", "--parts", "white-box", "--plot", str(tmp_path / "p.png"),
+              "--out", str(tmp_path / "a.json")])
+    assert done.value.code == 2 and not (tmp_path / "a.json").exists()
+    assert capsys.readouterr().err.strip().endswith("run it (--parts one-run or all)")
