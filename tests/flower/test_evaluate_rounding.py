@@ -12,8 +12,8 @@ import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
 
-from clients.releases import noisy_evaluation
 from fedpriv.federation.policy import LOSS_CLIP, LOSS_STEPS, NodePolicy, PolicyError, Randomness
+from fedpriv.federation.releases import noisy_evaluation
 from fedpriv.privacy import AccountantKind, epsilon_of
 from fedpriv.privacy.accountants.rdp import ORDERS
 
