@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,12 @@ import torch
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
-from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
+from simulations._cli import LOG_FILE, USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
 from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
@@ -61,10 +61,6 @@ _KEYS = (
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
     "lattice-rounding", "secagg-neighbours", *USER_LEVEL_KEYS,
 )
-LOG_FILE = "run.log"
-"""In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
-OUT_FILES = ("results.json", "ledger.json", "accuracy.png", "epsilon.png", LOG_FILE)
-"""What a run writes to ``--out``."""
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
 
@@ -119,13 +115,15 @@ def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
         parser.error(str(err))
 
 
-def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int, partition_key: int) -> None:
+def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int,
+                partition_key: int) -> list[int]:
     """δ against the smallest simulated node's N (the command is its nodes' operator: it knows
     their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
-    δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
+    δ > 1/(10N) is a warning on stderr. An empty share is an error too. Returns the shares' sizes."""
     from clients.delta import DeltaFit, delta_fit
 
-    size, smallest = min((n, p) for p, n in enumerate(share_sizes(settings, num_clients, partition_key)))
+    sizes = share_sizes(settings, num_clients, partition_key)
+    size, smallest = min((n, p) for p, n in enumerate(sizes))
     if size == 0:
         parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
                      "(fewer clients, more data or another --partition)")
@@ -136,6 +134,7 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     if fit is DeltaFit.WEAK:
         print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
               f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
+    return sizes
 
 
 def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> list[int]:
@@ -148,24 +147,14 @@ def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> 
     return [len(split.indices(p)) for p in range(num_clients)]
 
 
-def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict[str, Any]:
+def dry_run(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> dict[str, Any]:
     """``--dry-run``: the planner's plan of this run (``fedpriv.privacy.planner``; N public), printed."""
-    from fedpriv.privacy.planner import Federation, plan, table
-    from fedpriv.training import default_plan
+    from fedpriv.privacy.__main__ import plan_notes
+    from fedpriv.privacy.planner import plan, table
+    from simulations._advice import federation
 
-    user = settings.privacy is PrivacyMode.USER
-    noise = settings.noise_multiplier
-    if noise is None and settings.target_epsilon is None:
-        noise = default_plan(settings.dataset).noise_multiplier
-    fed = Federation(
-        population=num_clients, rounds=settings.rounds, delta=settings.delta,
-        cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
-        sizes=tuple(share_sizes(settings, num_clients, partition_key)), lot_size=settings.lot_size,
-        local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
-        dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
-    )
-    result = plan(fed)
-    print(table(result))
+    result = plan(federation(settings, num_clients, sizes))
+    print("\n".join([table(result), *plan_notes(result)]))
     return result
 
 
@@ -307,11 +296,14 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
-    check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
+    sizes = check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
     if args.dry_run:
-        return dry_run(settings, args.clients, settings.seed)
-    out = Path(overrides["out"])
-    check_out(parser, out, bool(settings.resume))
+        return dry_run(settings, args.clients, sizes)
+    from simulations._advice import before_training
+
+    for line in before_training(settings, args.clients, sizes):
+        print(f"{parser.prog}: {line}", file=sys.stderr, flush=True)
+    out = Path(overrides["out"])  # checked by simulations._command, before anything heavy
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
@@ -344,15 +336,6 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     if not results["rounds"]:
         raise SystemExit(1)  # nothing trained: not a result
     return results
-
-
-def check_out(parser: argparse.ArgumentParser, out: Path, resume: bool) -> None:
-    """``--out`` must not hold an earlier run's results (they would be mixed with this one's):
-    one ``parser.error`` line naming them. ``--resume`` continues into any folder."""
-    held = sorted(name for name in OUT_FILES if (out / name).exists())
-    if held and not resume:
-        parser.error(f"argument --out: {out} already holds a run's results ({', '.join(held)}): "
-                     "choose another --out, or remove them")
 
 
 def summary(results: dict[str, Any], out: Path) -> str:

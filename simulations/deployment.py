@@ -389,6 +389,8 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     and the server's count, and everything in ``out``. In user level (``resolved.user_level``)
     the two are different guarantees, each labelled: a node's record-level ε in its own
     ledger, beside its budget, and a client's user-level ε in the server's population ledger."""
+    from server.history import epsilon_text
+
     accuracy = results.get("final_accuracy") if results.get("rounds") else None
     server = results.get("final_epsilon", {})
     lines = [f"rounds run: {len(results.get('rounds', []))}"
@@ -396,15 +398,16 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
              + ", test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %")]
     of = f" of target {target:g}" if target is not None else ""
     if (user := (results.get("resolved") or {}).get("user_level")) is not None:
-        lines += [f"node {client}: record-level ε = {node['epsilon']:.4f}"
+        lines += [f"node {client}: record-level ε = {epsilon_text(node['epsilon'])}"
                   + (f" of budget {budget:g}" if budget is not None else "")
                   + f" in its own ledger ({len(node['entries'])} entries); client {client}: user-level "
-                  f"ε = {float(server.get(client, 0.0)):.4f}{of} in the server's population ledger "
+                  f"ε = {epsilon_text(float(server.get(client, 0.0)))}{of} in the server's population ledger "
                   f"(z = {user['noise_multiplier']:g}, q = {user['sample_rate']:g})"
                   for client, node in nodes.items()]
     else:
-        lines += [f"node {client}: ε = {node['epsilon']:.4f}{of} in its own ledger "
-                  f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
+        lines += [f"node {client}: ε = {epsilon_text(node['epsilon'])}{of} in its own ledger "
+                  f"({len(node['entries'])} entries); the server's ledger: "
+                  f"ε = {epsilon_text(float(server.get(client, 0.0)))}"
                   for client, node in nodes.items()]
     entries = sorted(out.iterdir(), key=lambda path: (path.is_dir(), path.name))
     lines.append(f"written to {out}: " + ", ".join(path.name + "/" * path.is_dir() for path in entries)

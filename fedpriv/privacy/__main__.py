@@ -1,5 +1,6 @@
 """``python -m fedpriv.privacy epsilon|sigma|ledger show|plan``: one JSON object (or, for
-``ledger show`` and ``plan``, a table) on stdout; invalid input gives one line on stderr and exit 2."""
+``ledger show`` and ``plan``, a table and what its rows mean) on stdout; invalid input, an ε
+no σ reaches and a fixed σ that affords no round give one line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
@@ -129,12 +130,46 @@ def _plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         result = plan(fed, args.privacy or tuple(PLANNERS))
     except (OSError, ValueError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    if none := no_round_affordable(result):
+        modes = [m for m in result["modes"].values() if m["available"]]
+        line = (f"noise multiplier {args.noise_multiplier:g} affords no round within target epsilon "
+                f"{args.target_epsilon:g} ({', '.join(none)})")
+        if len(none) == len(modes):
+            parser.exit(2, f"{parser.prog}: error: {line}: raise --noise-multiplier or --target-epsilon\n")
+        print(f"{parser.prog}: warning: {line}", file=sys.stderr)
     print(table(result))
+    print("\n".join(plan_notes(result)))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:
         plot(result, args.plot)
     return 0
+
+
+def no_round_affordable(result: dict[str, Any]) -> list[str]:
+    """The planned modes whose noise affords not one round within the target ε, each with ε
+    after its first round (``local 10.17``)."""
+    return [f"{m['mode']}: epsilon {m['epsilon'][0]:.4g} after one round" for m in result["modes"].values()
+            if m["available"] and m["rounds_affordable"] == 0]
+
+
+def plan_notes(result: dict[str, Any]) -> list[str]:
+    """What the plan's rows mean, for the modes in it: a reader of the table needs no docstring."""
+    modes = {m["mode"]: m for m in result["modes"].values() if m["available"]}
+    rounds = result["federation"]["rounds"]
+    units: dict[str, list[str]] = {}
+    for name, m in modes.items():  # "C per example, per DP-SGD step (one step per round)": its first part
+        units.setdefault(m["unit"].split(" (")[0], []).append(name)
+    bounds = "; ".join(", ".join(names) + f": {unit}" for unit, names in units.items())
+    notes = ["noise-to-signal: the std of the noise in the aggregated update, per coordinate, in units of one "
+             f"contribution's bound ({bounds}), "
+             "for a cohort of clients of the mean size; the lower, the more the model learns per round."]
+    if "distributed" in modes:
+        per_round = len(modes["distributed"]["epsilon"]) // rounds
+        notes.append(f"distributed takes one DP-SGD step per round, on lots drawn from all clients' data: its "
+                     f"rounds planned are local mode's DP-SGD steps in {rounds} rounds ({per_round} per round), so "
+                     "both columns train the same number of steps; an epsilon row names its round.")
+    return notes
 
 
 def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:
@@ -192,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.steps == 0:
             parser.error("steps must be >= 1 to calibrate, got 0")
-        sigma = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps, args.accountant)
+        try:
+            sigma = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps,
+                                               args.accountant)
+        except ValueError as err:  # no σ the search covers reaches ε
+            parser.exit(2, f"{parser.prog}: error: {err} at sample rate {args.sample_rate:g}, {args.steps} steps "
+                           f"and delta {args.delta:g} ({args.accountant}): raise --epsilon or lower the steps\n")
         achieved = epsilon_of(dpsgd_event(sigma, args.sample_rate, args.steps), args.delta, args.accountant)
         out = base | {"noise_multiplier": sigma, "epsilon": args.epsilon, "achieved_epsilon": achieved,
                       "delta": args.delta, "sample_rate": args.sample_rate, "steps": args.steps}

@@ -1,0 +1,78 @@
+"""Before a federated simulation trains: settings that are valid but will learn little say so
+(``simulations.mnist`` / ``simulations.cifar``, on stderr, after the input checks and before
+Ray starts), from the noise the run will add, as the server will set it up.
+
+- Distributed mode takes one DP-SGD step per round (a lot drawn from all nodes' data), where
+  a round of local mode is a whole epoch of steps on each node: ``--rounds`` means far less
+  training there, so the run says how many steps it will take.
+- Noise-to-signal (``fedpriv.privacy.planner``'s measure: the noise's std per coordinate of
+  the aggregated update, in units of one contribution's bound) at or above
+  ``POINTLESS_NOISE_TO_SIGNAL`` buries any update: such a run ends near chance accuracy
+  (``--target-epsilon 0.00001``), and the run says so before spending the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fedpriv.federation.settings import PrivacyMode, RunSettings, UserNoise
+
+POINTLESS_NOISE_TO_SIGNAL = 1.0
+"""At this noise per coordinate (in units of a contribution's bound, whose whole norm is at
+most 1) the noise's norm is √d times the largest possible signal's."""
+
+
+def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> Any:
+    """The planner's ``Federation`` of this run (N public; without ``--target-epsilon`` and
+    ``--noise-multiplier``, the data set's default σ)."""
+    from fedpriv.privacy.planner import Federation
+    from fedpriv.training import default_plan
+
+    user = settings.privacy is PrivacyMode.USER
+    noise = settings.noise_multiplier
+    if noise is None and settings.target_epsilon is None:
+        noise = default_plan(settings.dataset).noise_multiplier
+    return Federation(
+        population=num_clients, rounds=settings.rounds, delta=settings.delta,
+        cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
+        sizes=tuple(sizes), lot_size=settings.lot_size,
+        local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
+        dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
+    )
+
+
+def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> list[str]:
+    """What a user should read before this run trains (``note: ...`` / ``warning: ...``
+    lines, without the program's name); none for a run of useful settings."""
+    from fedpriv.privacy.planner import plan
+
+    fed = federation(settings, num_clients, sizes)
+    lines = []
+    if settings.privacy is PrivacyMode.DISTRIBUTED:
+        from fedpriv.distributed.setup import distributed_setup
+        from server.assign import base_plan
+
+        # the server's own set-up (server.distributed): all nodes aggregate, N public
+        setup = distributed_setup(base_plan(settings), sum(sizes), num_clients, settings.rounds,
+                                  settings.target_epsilon, settings.delta, settings.lattice_rounding)
+        lot = setup.sample_rate * sum(sizes)
+        sigma = setup.plan.noise_multiplier
+        ratio = sigma / lot
+        local = plan(fed, ("local",))["modes"]["local"]
+        lines.append(f"note: distributed mode takes one DP-SGD step per round, on one lot of about {lot:.0f} records "
+                     f"drawn from all nodes' data: --rounds {settings.rounds} trains {settings.rounds} step"
+                     f"{'s' if settings.rounds > 1 else ''} (a round of local mode here is "
+                     f"{local['steps_per_round']} steps on each node)")
+    else:
+        user_distributed = settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED
+        mode = "user-distributed" if user_distributed else settings.privacy.value
+        planned = plan(fed, (mode,))["modes"][mode]
+        sigma, ratio = planned["noise_multiplier"], planned["noise_to_signal"]
+    if ratio >= POINTLESS_NOISE_TO_SIGNAL:
+        remedy = "lower --noise-multiplier or take larger lots (--lot-size)" if settings.noise_multiplier is not None \
+            else "raise --target-epsilon, or take fewer --rounds or larger lots (--lot-size)"
+        lines.append(f"warning: the noise will bury every update (noise multiplier {sigma:.4g}, noise-to-signal "
+                     f"{ratio:.3g} ≥ {POINTLESS_NOISE_TO_SIGNAL:g}: the noise's std per coordinate is at least a whole "
+                     f"contribution's bound): expect chance accuracy; {remedy}")
+    return lines
