@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_out(args.out, json.dumps(result, indent=2))
         print(json.dumps(result["mean"]))
         return result
-    log = command_log(PROG, args.out)
-    with flower_console(bool(args.clients), log):
+    with command_log(PROG, args.out) as log, flower_console(bool(args.clients), log):
         result = run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
     report(summary_lines(result), result, args.out, log)
     return result

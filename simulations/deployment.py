@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from simulations._cli import (
     PROJECT_ROOT,
@@ -277,12 +277,13 @@ class Deployment:
                                f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
 
-    def start_run(self, app: Path, config: Mapping[str, Any]) -> Any:
-        """``flwr run`` of ``app`` with ``config``, streaming the run's log to ``DIR/run.log``."""
+    def start_run(self, app: Path, config: Mapping[str, Any], echo: TextIO | None = None) -> Any:
+        """``flwr run`` of ``app`` with ``config``, streaming the run's log to ``DIR/run.log``
+        (and to ``echo``, the terminal, as it comes)."""
         from simulations._processes import BIN
 
         command = [str(BIN / "flwr"), "run", str(app), FEDERATION, "--run-config", config_arg(config), "--stream"]
-        return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out)
+        return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out, echo=echo)
 
     def node_epsilons(self, delta_: float) -> dict[str, dict[str, Any]]:
         """Each node's spent ε at ``delta_`` and entry count, read from its own ledger."""
@@ -415,6 +416,11 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     return "\n".join(lines)
 
 
+def progress(message: str) -> None:
+    """A stage of the deployment, on the terminal as it starts."""
+    print(f"python -m simulations.deployment: {message}", flush=True)
+
+
 def node_budget(parser: Parser, args: Any) -> float:
     """Each node's record-level ε budget: ``--node-epsilon-budget``, else the target ε where
     that is the nodes' (not in user level, where it is the clients')."""
@@ -484,11 +490,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         deployment.prepare(budget, args.delta, app, Path(args.data_dir) if args.data_dir else None,
                            mode_policy(fused, args.nodes))
         try:
+            progress(f"starting the SuperLink (TLS, node authentication) and {args.nodes} SuperNodes; their logs: "
+                     f"{out / 'superlink'}, {out / 'nodes'}/<i>/supernode.log")
             deployment.start_superlink()
             for i in range(args.nodes):
                 deployment.start_node(i)
             deployment.wait_online(args.nodes)
-            run = deployment.start_run(out / "app", config)
+            progress(f"{args.nodes} SuperNodes online; flwr run: the run's log follows (also in {out / 'run.log'})")
+            run = deployment.start_run(out / "app", config, echo=sys.stdout)
             code = deployment.processes.wait(run)
         except ProcessError as err:
             raise SystemExit(f"python -m simulations.deployment: {err}") from None

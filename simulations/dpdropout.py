@@ -259,10 +259,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.with_suffix(".md").write_text(text)
         return outcome
     method = args.method or "dpd"
-    log = command_log(PROG, args.out)
+    log: Path | None = None  # a federated run's, where it is kept
     try:
         if args.clients:
-            with flower_console(True, log):
+            with command_log(PROG, args.out) as log, flower_console(True, log):
                 outcome = federated(args, method)
         else:
             outcome = centralized(args, method, args.epsilon, args.seed,

@@ -245,9 +245,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pca_noise(args)
     except (DatasetNotFoundError, ValueError) as err:
         parser.error(str(err))
-    log = command_log(PROG, args.out)
     try:
-        with flower_console(bool(args.clients), log):
+        with command_log(PROG, args.out) as log, flower_console(bool(args.clients), log):
             result = run(args)
     except (DatasetNotFoundError, ValueError) as err:  # e.g. a budget the PCA alone exhausts
         parser.error(str(err))
