@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import MARK_ENV, describe, leftovers, reap
-from tests.timeouts import scaled
+from tests.timeouts import ray_start_waits, scaled
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -51,10 +51,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Mark every process this session starts (see tests/processes.py); Ray's start limit
-    scales with the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``)."""
+    """Mark every process this session starts (see tests/processes.py); fedpriv's limit on
+    Ray's start and Ray's own start-up waits (``tests.timeouts.RAY_START_WAITS``) scale with
+    the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``): a busy machine slows a cluster test down
+    rather than failing it. A value already in the environment is kept."""
     os.environ[MARK_ENV] = SESSION
     os.environ.setdefault("FEDPRIV_RAY_START_TIMEOUT", f"{scaled(300):g}")
+    for name, seconds in ray_start_waits().items():
+        os.environ.setdefault(name, seconds)
 
 
 @pytest.fixture(scope="session", autouse=True)
