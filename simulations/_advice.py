@@ -5,6 +5,10 @@ Ray starts), from the noise the run will add, as the server will set it up.
 - Distributed mode takes one DP-SGD step per round (a lot drawn from all nodes' data), where
   a round of local mode is a whole epoch of steps on each node: ``--rounds`` means far less
   training there, so the run says how many steps it will take.
+- A central user-level run books ``participant_event(z)`` (Gaussian(z/2)) in each node's
+  ledger for every round it takes part in: where one such round exceeds the nodes' budget
+  (by default ``--target-epsilon``, the clients' user-level ε, a different guarantee) every
+  node refuses every round and nothing trains, so the run is refused (``ValueError``).
 - Noise-to-signal (``fedpriv.privacy.planner``'s measure: the noise's std per coordinate of
   the aggregated update, in units of one contribution's bound) at or above
   ``POINTLESS_NOISE_TO_SIGNAL`` buries any update: such a run ends near chance accuracy
@@ -42,9 +46,11 @@ def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) ->
     )
 
 
-def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> list[str]:
+def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int],
+                    node_budget: float | None = None) -> list[str]:
     """What a user should read before this run trains (``note: ...`` / ``warning: ...``
-    lines, without the program's name); none for a run of useful settings."""
+    lines, without the program's name); none for a run of useful settings. ``ValueError``
+    for one no simulated node (of ε budget ``node_budget``, None: unlimited) would train."""
     from fedpriv.privacy.planner import plan
 
     fed = federation(settings, num_clients, sizes)
@@ -69,6 +75,8 @@ def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int
         mode = "user-distributed" if user_distributed else settings.privacy.value
         planned = plan(fed, (mode,))["modes"][mode]
         sigma, ratio = planned["noise_multiplier"], planned["noise_to_signal"]
+        if mode == "user" and node_budget is not None:
+            check_node_budget(sigma, settings.delta, node_budget)
     if ratio >= POINTLESS_NOISE_TO_SIGNAL:
         remedy = "lower --noise-multiplier or take larger lots (--lot-size)" if settings.noise_multiplier is not None \
             else "raise --target-epsilon, or take fewer --rounds or larger lots (--lot-size)"
@@ -76,3 +84,17 @@ def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int
                      f"{ratio:.3g} ≥ {POINTLESS_NOISE_TO_SIGNAL:g}: the noise's std per coordinate is at least a whole "
                      f"contribution's bound): expect chance accuracy; {remedy}")
     return lines
+
+
+def check_node_budget(noise_multiplier: float, delta: float, node_budget: float) -> None:
+    """``ValueError`` where one central user-level round costs a node's records more than its budget."""
+    from fedpriv.privacy import epsilon_of
+    from fedpriv.privacy.userlevel import participant_event
+
+    cost = epsilon_of(participant_event(noise_multiplier), delta)
+    if cost > node_budget:
+        raise ValueError(
+            f"argument --client-epsilon-budget: every simulated node would refuse every round: one round it takes part "
+            f"in costs its records ε = {cost:.4g} (Gaussian(z/2), z = {noise_multiplier:.4g}), above its budget "
+            f"{node_budget:g} (by default --target-epsilon, the clients' user-level ε); set --client-epsilon-budget, "
+            "a node's record-level budget over all its rounds")

@@ -301,13 +301,17 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
         return dry_run(settings, args.clients, sizes)
     from simulations._advice import before_training
 
-    for line in before_training(settings, args.clients, sizes):
+    budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
+    try:
+        advice = before_training(settings, args.clients, sizes, budget)
+    except ValueError as err:
+        parser.error(str(err))
+    for line in advice:
         print(f"{parser.prog}: {line}", file=sys.stderr, flush=True)
     out = Path(overrides["out"])  # checked by simulations._command, before anything heavy
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
-        budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise, args.clients)
         stack.enter_context(node_policy_env(policy, state_dir, args.clients))
         from simulations._spent import nothing_to_spend

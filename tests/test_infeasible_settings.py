@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fedpriv.federation.settings import RunSettings
-from fedpriv.privacy import dpsgd_event, epsilon_of
+from fedpriv.privacy import GaussianEvent, dpsgd_event, epsilon_of
 from fedpriv.privacy.__main__ import main
 from server.history import epsilon_summary, epsilon_text
 from simulations._advice import before_training
@@ -67,10 +67,10 @@ def test_the_plan_says_what_its_rows_mean(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_the_simulations_warn_before_training_when_noise_buries_the_updates(shared_data_dir) -> None:
-    def advice(**run_config: object) -> list[str]:
+    def advice(node_budget: float | None = None, **run_config: object) -> list[str]:
         settings = RunSettings.from_run_config({"data-dir": str(shared_data_dir), "limit-train": 3000,
                                                 "lot-size": 256, "rounds": 5, **run_config})
-        return before_training(settings, 3, share_sizes(settings, 3, 0))
+        return before_training(settings, 3, share_sizes(settings, 3, 0), node_budget)
 
     (warning,) = advice(**{"target-epsilon": 0.00001})
     assert warning.startswith("warning: the noise will bury every update") and "--target-epsilon" in warning
@@ -84,3 +84,16 @@ def test_a_small_epsilon_is_never_printed_as_zero() -> None:
     assert epsilon_text(1.99612) == "1.9961" and epsilon_text(0) == "0.0000"
     assert epsilon_text(8.73e-6) == "8.73e-06" and float(epsilon_text(0.0123456)) == pytest.approx(0.01235)
     assert "0.0000" not in epsilon_summary([1e-5, 2e-5, 3e-5])
+
+
+def test_a_user_level_run_whose_nodes_cannot_afford_one_round_is_refused(shared_data_dir) -> None:
+    """Central user level books Gaussian(z/2) in a node's ledger per round it takes part in; at
+    z ≈ 1 for ε = 5 over 30 rounds, one such round costs a node ε ≈ 12 (dp-accounting's
+    Gaussian), so a node budget of 5 (the default: --target-epsilon) refuses everything."""
+    settings = RunSettings.from_run_config({"data-dir": str(shared_data_dir), "limit-train": 3000, "rounds": 30,
+                                            "privacy": "user", "cohort": 10, "target-epsilon": 5})
+    sizes = share_sizes(settings, 100, 0)
+    with pytest.raises(ValueError, match="--client-epsilon-budget: every simulated node would refuse"):
+        before_training(settings, 100, sizes, node_budget=5)
+    assert epsilon_of(GaussianEvent(0.5), 1e-5) > 5  # z ≤ 1 here, a round costs at least this
+    assert before_training(settings, 100, sizes, node_budget=100) == []
