@@ -28,6 +28,10 @@ def by_client(values: dict[str, Any]) -> dict[str, Any]:
     return {k: values[k] for k in sorted(values, key=client_order)}
 
 
+MANY_CLIENTS = 10
+"""Past this many clients, ε is summarised (``epsilon_summary``: min, median, max) instead of listed."""
+
+
 def epsilon_text(epsilon: float) -> str:
     """ε for a reader: 4 decimals, or 4 significant digits below 0.1, so that a small ε is
     never printed as zero (``0.0000``)."""
