@@ -223,7 +223,7 @@ def test_a_round_of_many_clients_logs_their_epsilon_as_one_line(tmp_path):
 
     records: list[str] = []
     handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    handler.emit = lambda record: records.append(record.getMessage())
     logging.getLogger("flwr").addHandler(handler)
     try:
         for count in (MANY_CLIENTS, MANY_CLIENTS + 2):
