@@ -30,7 +30,7 @@ most 1) the noise's norm is √d times the largest possible signal's."""
 def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> Any:
     """The planner's ``Federation`` of this run (N public; without ``--target-epsilon`` and
     ``--noise-multiplier``, the data set's default σ)."""
-    from fedpriv.privacy.planner import Federation
+    from fedpriv.planning import Federation
     from fedpriv.training import default_plan
 
     user = settings.privacy is PrivacyMode.USER
@@ -43,6 +43,8 @@ def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) ->
         sizes=tuple(sizes), lot_size=settings.lot_size,
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
         dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
+        model=settings.model, max_grad_norm=settings.max_grad_norm, user_clip=settings.user_clip,
+        lattice_rounding=str(settings.lattice_rounding),
     )
 
 
@@ -51,32 +53,22 @@ def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int
     """What a user should read before this run trains (``note: ...`` / ``warning: ...``
     lines, without the program's name); none for a run of useful settings. ``ValueError``
     for one no simulated node (of ε budget ``node_budget``, None: unlimited) would train."""
-    from fedpriv.privacy.planner import plan
+    from fedpriv.planning import plan
 
-    fed = federation(settings, num_clients, sizes)
+    user_distributed = settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED
+    mode = "user-distributed" if user_distributed else settings.privacy.value
+    distributed = settings.privacy is PrivacyMode.DISTRIBUTED
+    planned = plan(federation(settings, num_clients, sizes), (mode, "local") if distributed else (mode,))["modes"]
+    run = planned[mode]  # the planner sets each mode up as the server will
+    sigma, ratio = run["noise_multiplier"], run["noise_to_signal"]
     lines = []
-    if settings.privacy is PrivacyMode.DISTRIBUTED:
-        from fedpriv.distributed.setup import distributed_setup
-        from server.assign import base_plan
-
-        # the server's own set-up (server.distributed): all nodes aggregate, N public
-        setup = distributed_setup(base_plan(settings), sum(sizes), num_clients, settings.rounds,
-                                  settings.target_epsilon, settings.delta, settings.lattice_rounding)
-        lot = setup.sample_rate * sum(sizes)
-        sigma = setup.plan.noise_multiplier
-        ratio = sigma / lot
-        local = plan(fed, ("local",))["modes"]["local"]
-        lines.append(f"note: distributed mode takes one DP-SGD step per round, on one lot of about {lot:.0f} records "
-                     f"drawn from all nodes' data: --rounds {settings.rounds} trains {settings.rounds} step"
-                     f"{'s' if settings.rounds > 1 else ''} (a round of local mode here is "
-                     f"{local['steps_per_round']} steps on each node)")
-    else:
-        user_distributed = settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED
-        mode = "user-distributed" if user_distributed else settings.privacy.value
-        planned = plan(fed, (mode,))["modes"][mode]
-        sigma, ratio = planned["noise_multiplier"], planned["noise_to_signal"]
-        if mode == "user" and node_budget is not None:
-            check_node_budget(sigma, settings.delta, node_budget)
+    if distributed:
+        lines.append(f"note: distributed mode takes one DP-SGD step per round, on one lot of about "
+                     f"{run['lot_size']} records drawn from all nodes' data: --rounds {settings.rounds} trains "
+                     f"{settings.rounds} step{'s' if settings.rounds > 1 else ''} (a round of local mode here is "
+                     f"{planned['local']['steps_per_round']} steps on each node)")
+    if mode == "user" and node_budget is not None:
+        check_node_budget(sigma, settings.delta, node_budget)
     if ratio >= POINTLESS_NOISE_TO_SIGNAL:
         remedy = "lower --noise-multiplier or take larger lots (--lot-size)" if settings.noise_multiplier is not None \
             else "raise --target-epsilon, or take fewer --rounds or larger lots (--lot-size)"

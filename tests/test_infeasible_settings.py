@@ -26,7 +26,7 @@ def _one_line_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> str
         main(args)
     out = capsys.readouterr()
     assert exit_info.value.code == 2 and out.out == ""
-    assert out.err.count("\n") == 1 and out.err.startswith("python -m fedpriv.privacy: error: ")
+    assert out.err.count("\n") == 1 and out.err.startswith("python -m fedpriv.privacy") and ": error: " in out.err
     return out.err
 
 
