@@ -17,7 +17,7 @@ from fedpriv.privacy import PrivacyLedger, dpsgd_event
 from simulations._federated import PROJECT_ROOT
 from tests.timeouts import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 CLIENTS, ROUNDS, TARGET, DELTA = 2, 2, 2.0, 1e-5
 
@@ -53,7 +53,7 @@ def two_runs(tmp_path_factory, shared_data_dir):
     state = root / "state"
     first = _start(_command(state, root / "out0", shared_data_dir, "0"))
     try:
-        stdout, stderr = first.communicate(timeout=300)
+        stdout, stderr = first.communicate(timeout=scaled(300))
     finally:
         first.kill()
     assert first.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -61,7 +61,7 @@ def two_runs(tmp_path_factory, shared_data_dir):
     first_ledgers = {path: path.read_bytes() for path in sorted(state.rglob("ledger.json"))}
     second = _start(_command(state, root / "out1", shared_data_dir, "1"))
     try:
-        out, err = second.communicate(timeout=300)
+        out, err = second.communicate(timeout=scaled(300))
     finally:
         second.kill()
     return state, ((results, stdout, stderr), (second.returncode, out, err)), first_ledgers
