@@ -13,7 +13,7 @@ import sys
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients import classic_app
+from clients.classic import client_app as classic_app
 from fedpriv.federation.policy import POLICY_ENV, PolicyError, load_policy
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.charge import Charge
