@@ -102,7 +102,7 @@ def _flower_client_app(same_seeds: bool = False) -> Any:
         plan = base_plan(training_settings(settings))
         data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
                           partition_key=policy.partition_key)
-        model = received_model(msg, plan.model, settings.seed)
+        model = received_model(msg, plan.model, settings)
         server_round = msg.content.config_records["config"].get("server-round", 1)
         assert isinstance(server_round, int)
         cid = str(context.node_config["partition-id"])
@@ -120,7 +120,7 @@ def _flower_client_app(same_seeds: bool = False) -> Any:
 @contextlib.contextmanager
 def _replayed(args: Any, cohorts: list[list[int]]) -> Iterator[None]:
     """Flower's FedAvg samples ``cohorts[r - 1]`` (node ids) in round r, and its wrapper's noise is
-    fedpriv's seeded N(0, 1) stream of that round (``server.userlevel.RoundNoise``: the population's
+    fedpriv's seeded N(0, 1) stream of that round (``fedpriv.federation.userlevel_steps.RoundNoise``: the population's
     uniforms, then each array's normals), scaled by Flower's std zS/k."""
     from unittest import mock
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.supercore.primitives.asymmetric import generate_key_pairs
 
-from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, answer, keys, prg
+from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, Vector, answer, keys, prg
 from fedpriv.secagg.server import SecureAggregation
 from tests.secagg.simulate import simulate
 
@@ -48,7 +49,7 @@ class Honest:
         self.agg.receive({u: self.ask(u, c) for u, c in configs.items()})
 
     def ask(self, u: int, config: dict[str, Any]) -> dict[str, Any]:
-        return answer(self.states[u], self.req, u, config, lambda info: self.x[u])
+        return answer(self.states[u], self.req, u, config, lambda info: Vector(self.x[u], {}))
 
 
 def refused(server: Honest, u: int, config: dict[str, Any], why: str) -> None:
@@ -129,7 +130,8 @@ def test_split_lists_cannot_rebuild_both_secrets_of_one_node() -> None:
     sk1 = keys.private_key(combine_shares([shares[u][3] for u in (4, 5, 6)]))  # sk1 of node 1 (first dead)
     x = masked_1 - prg.mask(seed, "private", "r", D, 32)
     for v in (2, 3, 4, 5, 6):
-        pairwise = prg.mask(keys.mask_key(sk1, keys.public_key(server.agg.pk1[v])), "pairwise", "r", D, 32)
+        key = keys.mask_key(sk1, keys.public_key(server.agg.pk1[v]), server.agg.settings[1])
+        pairwise = prg.mask(key, "pairwise", "r", D, 32)
         x = x - pairwise if 1 > v else x + pairwise
     assert not np.array_equal(prg.reduce(x, 32), server.x[1]), "the server unmasked node 1's vector alone"
 
@@ -222,3 +224,20 @@ def test_an_unmask_list_other_than_the_signed_one_or_a_forged_signature_is_refus
     request = dict(server.honest_unmask)
     request["signatures"] = [request["signatures"][1]] + request["signatures"][1:]
     refused(server, 1, request, "does not verify")
+
+
+def test_nodes_computing_under_different_settings_give_no_sum() -> None:
+    """Node 11 computed its vector at lattice scale 16, the others at 2^10: an honest server
+    sees the digests differ and ends the round; the masks would not have cancelled anyway
+    (``tests/flower/test_malicious_server.py`` plays the server that ignores this)."""
+    r = simulate(4, D, settings=lambda u: {"lattice-scale": 16.0 if u == 11 else 1024.0})
+    assert r.result.sum is None and "different settings" in (r.result.reason or "")
+    same = simulate(4, D, settings=lambda u: {"lattice-scale": 1024.0})
+    assert np.array_equal(same.result.sum, same.true_sum(32))
+
+
+def test_a_pairwise_mask_depends_on_the_settings_digest() -> None:
+    (sk_a, pk_a), (sk_b, pk_b) = generate_key_pairs(), generate_key_pairs()
+    one, other = keys.settings_digest({"scale": 1024.0}), keys.settings_digest({"scale": 16.0})
+    assert keys.mask_key(sk_a, pk_b, one) == keys.mask_key(sk_b, pk_a, one)  # both ends of the pair agree
+    assert keys.mask_key(sk_a, pk_b, one) != keys.mask_key(sk_b, pk_a, other)

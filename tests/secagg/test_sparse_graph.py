@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
 
-from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, answer, graph
+from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, Vector, answer, graph
 from fedpriv.secagg.server import SecureAggregation
 from tests.secagg.simulate import Round, simulate
 from tests.secagg.test_server_view import check_masked_vectors
@@ -83,7 +83,8 @@ def test_full_graph_when_k_is_zero_or_reaches_the_cohort() -> None:
         configs: dict[tuple[Stage, int], dict[str, Any]] = {}
         r = simulate(6, D, neighbours=k, requirements=Requirements(2, 2, 0), request=recorder(configs))
         assert np.array_equal(r.result.sum, r.true_sum(32))
-        assert all(set(c) == {"stage", "ids", "pk1", "pk2", "pk3"} and c["ids"] == sorted(r.vectors)
+        assert all(set(c) == {"stage", "ids", "pk1", "pk2", "pk3", "certificates", "keys-signatures"}
+                   and c["ids"] == sorted(r.vectors)
                    for (s, _), c in configs.items() if s is Stage.SHARE_KEYS)
 
 
@@ -163,7 +164,7 @@ class Sparse:
             self.agg.receive({u: self.ask(u, c) for u, c in self.agg.requests().items()})
 
     def ask(self, u: int, config: dict[str, Any]) -> dict[str, Any]:
-        return answer(self.states[u], self.req, u, config, lambda info: np.zeros(D, dtype=np.uint64))
+        return answer(self.states[u], self.req, u, config, lambda info: Vector(np.zeros(D, dtype=np.uint64), {}))
 
 
 def test_a_node_refuses_survivors_with_fewer_than_t_of_its_group() -> None:
@@ -184,3 +185,26 @@ def test_a_node_unmasks_only_with_t_signatures_of_its_own_group() -> None:
     forged = {**request, "signers": strangers, "signatures": [server.agg.signatures[u] for u in strangers]}
     with pytest.raises(SecAggRefusal, match="does not verify"):
         server.ask(1, forged)
+
+
+
+class ChosenGraph(SecureAggregation):
+    """A server that draws the sparse graph from a key of its choosing, not the round key."""
+
+    def receive(self, replies: Any) -> None:
+        setup = self.stage is Stage.SETUP
+        super().receive(replies)
+        if setup and self.graph is not None:
+            self.graph = graph.harary(self.live, self.neighbours, "the server's choice")
+
+
+def test_a_node_refuses_a_group_that_is_not_its_neighbourhood_in_the_rounds_harary_graph() -> None:
+    nodes = list(range(1, N + 1))
+    req = Requirements(min_cohort=2, min_survivors=2, max_colluders=0, min_neighbours=K)
+    states = {u: NodeState() for u in nodes}
+    agg = ChosenGraph(nodes, dimension=D, modulus_bits=32, threshold=T, round_key="r", neighbours=K)
+    agg.receive({u: answer(states[u], req, u, c, lambda info: pytest.fail("no vector"))
+                 for u, c in agg.requests().items()})
+    for u, config in agg.requests().items():  # share-keys: each group of 7, from the server's graph
+        with pytest.raises(SecAggRefusal, match="Harary graph"):
+            answer(states[u], req, u, config, lambda info: pytest.fail("no vector"))
