@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.releases import book, stored_size
-from clients.task import client_id, node_data, received_model, training_seed
+from clients.task import client_id, loss_function, node_data, received_model, training_seed
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
@@ -66,7 +66,7 @@ def read_user_round(msg: Message, context: Context) -> UserRound:
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
-    model = received_model(msg, plan.model, settings.seed)  # checked before anything is booked
+    model = received_model(msg, plan.model, settings.seed, settings.task)  # checked before anything is booked
     before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     return UserRound(policy, settings, client_id(context.node_config), plan, clip, noise_multiplier, run_key,
                      server_round, num_examples, budget, model, before)
@@ -81,7 +81,7 @@ def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[d
         request.model, data.features, data.labels, request.plan,
         seed=training_seed(policy, context.run_id, ordinal), client=int(request.client),
         round_=request.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
-        num_examples=request.num_examples, fit_physical_batch=True,
+        num_examples=request.num_examples, fit_physical_batch=True, loss_fn=loss_function(request.settings),
     )
     return clipped_arrays(request.before, request.model.cpu().state_dict(), request.clip)
 

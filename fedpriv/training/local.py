@@ -22,11 +22,13 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import TrainReport, train_dpsgd
 from fedpriv.dpsgd.engine import spent_events
 from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import round_generators
 from fedpriv.training.plan import OptimizerKind, TrainingPlan
@@ -42,7 +44,7 @@ _STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
 
 def with_physical_batch(
     plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False,
-    fit: bool = False,
+    fit: bool = False, loss_fn: LossFn = F.cross_entropy,
 ) -> TrainingPlan:
     """``plan`` with a physical batch: its own, or the largest whose measured step (with the
     plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
@@ -56,10 +58,12 @@ def with_physical_batch(
     device = torch.device(device)
     config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
     sample_shape = tuple(features.shape[1:])
-    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device)
+    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device,
+           loss_fn, sum(p.numel() for p in model.parameters()))  # a user's task: its model and loss
     if key not in _STEP_MEMORY:
         _STEP_MEMORY[key] = measure_step_memory(
-            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype
+            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype,
+            loss_fn=loss_fn,
         )
     size = fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features))
     return dataclasses.replace(plan, max_physical_batch_size=size if requested is None else min(size, requested))
@@ -88,6 +92,7 @@ def train_round(
     secure: bool = False,
     num_examples: int | None = None,
     fit_physical_batch: bool = False,
+    loss_fn: LossFn = F.cross_entropy,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
 
@@ -103,7 +108,8 @@ def train_round(
     None means ñ = N (a public N; the centralized run and simulations).
     A plan without a physical batch gets one for ``device`` (``with_physical_batch``); with
     ``fit_physical_batch`` a plan's own is capped at that too (a node, whose plan comes from
-    the server, never computes more at once than its memory holds).
+    the server, never computes more at once than its memory holds). ``loss_fn``: the mean
+    loss of a batch (a user's task's ``loss``).
     """
     if num_examples is None:
         num_examples = len(labels)
@@ -112,7 +118,8 @@ def train_round(
     device = torch.device(device)
     model.to(device)
     features, labels = features.to(device), labels.to(device)
-    config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch).dpsgd_config(num_examples)
+    config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch,
+                                 loss_fn).dpsgd_config(num_examples)
     if secure:
         config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
     else:
@@ -128,6 +135,7 @@ def train_round(
         noise_generator=noise,
         progress=progress,
         expected_lot_size=config.sample_rate * num_examples,
+        loss_fn=loss_fn,
     )
 
 
