@@ -43,6 +43,7 @@ from torch import nn
 from fedpriv.data import TensorPair
 from fedpriv.dpsgd.modules import UnsupportedModuleError
 from fedpriv.dpsgd.per_example import LossFn
+from fedpriv.dpsgd.recurrent import fix_recurrent
 from fedpriv.dpsgd.validate import validate_model
 from fedpriv.model_names import TASK_MODEL
 from fedpriv.models import build_model
@@ -86,7 +87,8 @@ class Task:
 
     def build_model(self, seed: int) -> nn.Module:
         """``model()``, initialised from ``derive_seed(seed, "model")`` (as ``fedpriv.models``
-        builds its own; the caller's random state is left untouched)."""
+        builds its own; the caller's random state is left untouched), its GRU and RNN layers
+        in a form vmap can differentiate per example (``fedpriv.dpsgd.recurrent``)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, "model"))
             model = _call(self, "model")
@@ -94,7 +96,7 @@ class Task:
             raise TaskError(f"{self.where('model')}() must return a torch.nn.Module, got {type(model).__name__}")
         if not any(p.requires_grad for p in model.parameters()):
             raise TaskError(f"{self.where('model')}() returned a model without trainable parameters")
-        return model
+        return fix_recurrent(model)
 
     def load(self, partition_id: int, num_partitions: int, data_dir: Path,
              partition_key: int = 0) -> tuple[TensorPair, TensorPair]:

@@ -69,10 +69,13 @@ def _first_output(model: nn.Module, first: torch.Tensor, second: torch.Tensor) -
 
 
 def _changed(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """An example other than ``second``: for integer inputs (tokens, indices), whose values
-    may not be invented, ``first`` or ``second`` reordered; else ``second`` plus unit noise."""
+    """An example other than ``second``: for integer inputs (tokens, indices), ``first``, or
+    each of ``second``'s values moved to the next one up to its largest (never a value out
+    of the range it spans: an index stays valid); else ``second`` plus unit noise."""
     if first.is_floating_point() or first.is_complex():
         generator = torch.Generator().manual_seed(1)
         return second + torch.randn(second.shape, generator=generator, dtype=second.dtype).to(second.device)
-    candidates = (first, second.flip(0), second.roll(1)) if second.dim() else (first,)
-    return next((c for c in candidates if not torch.equal(c, second)), second)
+    if not torch.equal(first, second):
+        return first
+    top = int(second.max()) if second.numel() else 0
+    return (second + 1) % (top + 1) if top > 0 else second
