@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.data import TensorPair
-from fedpriv.dpsgd.modules import UnsupportedModuleError
+from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.dpsgd.recurrent import fix_recurrent
 from fedpriv.dpsgd.validate import validate_model
@@ -133,7 +133,7 @@ def _load_task(name: str, app_dir: str | None) -> Task:
         module = _import(name, app_dir)
     except Exception as err:  # the user's code: any error is theirs to see, in one line
         raise TaskError(f"app {app}: task module {name!r} does not import", _said(err)) from err
-    task = Task(app, name, module)
+    task = Task(Path(module.__file__).parent.name if app_dir is None and module.__file__ else app, name, module)
     for function in REQUIRED:
         if not callable(getattr(module, function, None)):
             raise TaskError(f"{task.where(function)} is missing: the task module must define {_SIGNATURES[function]}")
@@ -239,7 +239,10 @@ def check_model_fits(task: Task, model: nn.Module, data: TensorPair) -> None:
     with two examples, the model does not mix them (``UnsupportedModuleError`` as ``TaskError``)."""
     x, y = data.features[:1], data.labels[:1]
     try:
+        check_model(model)  # a known batch-mixing layer first: BatchNorm cannot even take one example
         output = model(x)
+    except UnsupportedModuleError as err:
+        raise TaskError(f"{task.where('model')}(): {err}") from err
     except Exception as err:
         raise TaskError(f"{task.where('model')}() cannot take a batch of one x {_shape(x)} from load_data",
                         _said(err)) from err

@@ -195,10 +195,20 @@ def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
         dataset=base_plan(settings).model if settings.task else settings.dataset,
         count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
+        dimension=_task_dimension(settings),
     )
     result = plan(fed)
     print(table(result))
     return result
+
+
+def _task_dimension(settings: RunSettings) -> int | None:
+    """The parameter count of the run's task's model (None without a task)."""
+    if settings.task is None:
+        return None
+    from fedpriv.task import load_task
+
+    return sum(p.numel() for p in load_task(settings.task).build_model(settings.seed).parameters())
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,

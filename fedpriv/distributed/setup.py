@@ -74,16 +74,18 @@ def nominal_event(noise_multiplier: float, sample_rate: float, lattice: Lattice,
 
 def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, rounds: int,
                       target_epsilon: float | None, delta: float,
-                      rounding: Rounding = Rounding.NEAREST, prior_events: Sequence[DpEvent] = ()) -> DistributedSetup:
+                      rounding: Rounding = Rounding.NEAREST, prior_events: Sequence[DpEvent] = (),
+                      dimension: int | None = None) -> DistributedSetup:
     """A distributed run's setup: q = lot / ΣN (the released N's, ``total_examples``), the
     coarsest lattice within ``fine_scale``'s inflation for the model, σ calibrated so that
     ``rounds`` steps of the nominal cohort of ``cohort`` shares end at ``target_epsilon``
     (unless σ is the plan's) beside ``prior_events`` (a node's earlier releases), and the
-    smallest modulus the sum cannot wrap in."""
+    smallest modulus the sum cannot wrap in. ``dimension``: the model's parameter count (by
+    default the plan's ``fedpriv.models`` model's; a user's task passes its own)."""
     if cohort < 1 or total_examples < 1:
         raise ValueError(f"a distributed run needs a cohort >= 1 and records, got {cohort} and {total_examples}")
     q = min(1.0, plan.lot_size / total_examples)
-    dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
+    dimension = dimension or sum(p.numel() for p in build_model(plan.model, 0).parameters())
     rounding = Rounding(rounding)
     lattice = Lattice(fine_scale(plan.max_grad_norm, dimension, rounding=rounding), plan.max_grad_norm, dimension,
                       rounding=rounding)

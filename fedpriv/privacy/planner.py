@@ -75,6 +75,8 @@ class Federation:
     accountant: AccountantKind = AccountantKind.RDP
     count_rounds: int = 0
     count_noise: float | None = None
+    dimension: int | None = None
+    """The model's parameter count (None: the data set's model's; a user's task gives its own)."""
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.rounds < 1 or self.local_epochs < 1:
@@ -177,7 +179,8 @@ def plan_user_distributed(fed: Federation) -> dict[str, Any]:
     from fedpriv.training import default_plan
 
     q, shares = fed.expected_cohort / fed.population, fed.expected_cohort
-    dimension = sum(t.numel() for t in build_model(default_plan(fed.dataset).model, 0).state_dict().values())
+    dimension = fed.dimension or \
+        sum(t.numel() for t in build_model(default_plan(fed.dataset).model, 0).state_dict().values())
     lattice = user_level_lattice(1.0, dimension, Rounding.NEAREST, fed.population, fed.noise_multiplier or 0.0)
     z = fed.noise_multiplier
     if z is None:
@@ -232,7 +235,8 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
     plan = default_plan(fed.dataset, lot_size=fed.lot_size, noise_multiplier=fed.noise_multiplier)
     total = sum(fed.sizes)
     steps = fed.rounds * fed.local_epochs * steps_per_epoch(min(1.0, plan.lot_size / total))
-    setup = distributed_setup(plan, total, fed.expected_cohort, steps, fed.target_epsilon, fed.delta)
+    setup = distributed_setup(plan, total, fed.expected_cohort, steps, fed.target_epsilon, fed.delta,
+                              dimension=fed.dimension)
     (round_event,) = setup.events
     sigma = setup.plan.noise_multiplier
     steps_fed = dataclasses.replace(fed, rounds=steps)
