@@ -1,6 +1,6 @@
 """What a round of a user's task costs per example, beside the built-in MNIST task's.
 
-``python -m benchmarks.task_round [--app APP_DIR] [--repeats 3] --out FILE``
+``python -m benchmarks.task_round [--app APP_DIR] [--repeats 3] [--threads 1] [--clock cpu] --out FILE``
 
 One local round (``fedpriv.training.train_round``, one epoch, the physical batch measured
 for the device, seeded lots and noise) of the tabular template (``python -m fedpriv new``,
@@ -8,7 +8,9 @@ its ``RUN_CONFIG``'s lot, C and LR; its whole train set) and of MNIST's default 
 (ScatterNet+linear on cached scattering features of ``--mnist-records`` training images).
 Per example = the round's wall time / the examples its lots held. The two alternate
 ``repeats`` times and the fastest of each is kept (the machine is shared); on a crowded
-machine ``--clock cpu`` (process CPU time) gives steadier numbers.
+machine ``--threads 1 --clock cpu`` (process CPU time of one thread) gives steadier numbers:
+with more threads than free cores, the tabular model's tiny ops are dominated by threads
+waiting on one another.
 """
 
 from __future__ import annotations
@@ -89,8 +91,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--mnist-records", type=at_least(16), default=8192)
     parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--threads", type=at_least(1), help="torch's threads (default: torch's own)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fedpriv-task-round-") as folder:
         app = args.app
         if app is None:

@@ -85,8 +85,8 @@ def local_data(settings: RunSettings, node_config: Mapping[str, Any], data_dir: 
                           partition_key)[0 if train else 1]
     # the run config's data-dir, download and seed are the server's: out of every cache key
     settings = dataclasses.replace(settings, data_dir=None, download=False, seed=0)
-    return _partition(settings, None if data_dir is None else Path(data_dir), int(node_config["partition-id"]),
-                      int(node_config["num-partitions"]), train, model, partition_key)
+    return _partition(settings, None if data_dir is None else Path(data_dir), partition_id, num_partitions, train,
+                      model, partition_key)
 
 
 def node_task(name: str) -> Task:
@@ -141,7 +141,10 @@ def describe(context: Context) -> RecordDict:
 def received_model(msg: Message, name: str, seed: int, task: str | None = None) -> torch.nn.Module:
     """The model the server sent, loaded strictly into ``name``'s architecture (the run's
     ``task``'s model, where it names one)."""
-    model = run_model(name, seed, task)
+    try:
+        model = run_model(name, seed, task)
+    except TaskError as err:
+        raise Refusal(f"this node cannot run the task: {err.public}") from err
     try:
         model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     except (KeyError, RuntimeError, ValueError, TypeError) as err:

@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import math
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,7 @@ _SIGNATURES = {
 
 def _import(name: str, app_dir: str | None) -> ModuleType:
     if app_dir is None:
+        _check_app_module(name)
         return importlib.import_module(name)
     path = Path(app_dir) / f"{name}.py"
     if not path.is_file():
@@ -168,6 +170,19 @@ def _import(name: str, app_dir: str | None) -> ModuleType:
         sys.modules.pop(unique, None)
         raise
     return module
+
+
+def _check_app_module(name: str) -> None:
+    """``ImportError`` unless ``name`` is a module of an app's own folder: the run config that
+    names it is the server's, so a module of Python's installation (the standard library,
+    site-packages, a built-in) is refused before it is imported (importing runs its code)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise ModuleNotFoundError(f"no module named {name!r} in the app's folder")
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    origin = Path(spec.origin).resolve() if spec.origin and spec.has_location else None
+    if origin is None or any(origin.is_relative_to(folder) for folder in installed):
+        raise ImportError(f"{name!r} is not a module of the app (it is part of the Python installation)")
 
 
 def as_tensors(data: Any, what: str) -> TensorPair:

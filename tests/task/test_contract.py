@@ -89,3 +89,9 @@ def test_the_model_is_seeded_and_leaves_the_callers_random_state(write_app):
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
     assert not torch.equal(task.build_model(4)[0].weight, first[0].weight)
+
+
+@pytest.mark.parametrize("name", ["json", "pytest", "sys"])
+def test_a_run_config_cannot_make_a_node_import_an_installed_module(name):
+    with pytest.raises(TaskError, match="does not import: ImportError: .* not a module of the app"):
+        load_task(name)
