@@ -1,13 +1,19 @@
 """Local vs distributed vs centralized DP-SGD on MNIST at the same ε and the same steps.
 
 ``python -m benchmarks.distributed --clients 1 10 100 --target-epsilon 2 [--limit-train n]
-[--data-dir D] [--partition iid|dirichlet --alpha A] --out F.json [--plot P.png]``
+[--data-dir D] [--partition iid|dirichlet --alpha A] [--modes ...] --out F.json [--plot P.png]``
 
 - centralized: ``simulations.centralized`` for E epochs of steps_per_epoch(q) steps each;
 - local: ``simulations.mnist --privacy local --clients K --rounds E`` (each round one local
-  epoch at the shared q: the same number of steps, every update noised on its node);
+  epoch at the shared q of the data set's lot: every update noised on its node);
 - distributed: ``simulations.mnist --privacy distributed --clients K --rounds E·steps_per_epoch(q)``
   (one step per round on the union; the noise shares sum to the centralized σ).
+
+Centralized and distributed share the lot: ``--lot-size``, by default distributed mode's own
+choice (``fedpriv.distributed.setup.large_lot``: N / 3, three steps an epoch, so full MNIST
+is 120 rounds); above 21 clients distributed mode runs SecAgg+ on a sparse graph of 20
+neighbours unless ``--secagg-neighbours`` says otherwise (a 100-node round: about 10 s
+against 77 s on the full graph, docs/distributed.md).
 
 Each point is one command in its own process (its own Ray), all with the same seed, δ and
 plan. Centralized and local calibrate σ for the target ε (the same σ: the same event).
@@ -15,8 +21,8 @@ Distributed runs at that same σ (``--distributed-sigma same``, the default), so
 is compared at equal noise and its ε is what its nodes' ledgers book for it: the sound
 subsampling bound for the discrete mechanism (``docs/accounting.md``) is larger than the
 Gaussian's. ``--distributed-sigma target`` calibrates it for the target ε instead.
-Writes ``{"points": [{"mode", "clients", "accuracy", "epsilon", "noise_multiplier",
-"steps", "seconds"}, ...]}`` (federated points add ``rounds`` and ``round_seconds``, the
+Writes ``{"seconds": the whole command's, "lot_size", "points": [{"mode", "clients", "accuracy",
+"epsilon", "noise_multiplier", "steps", "seconds"}, ...]}`` (federated points add ``rounds`` and ``round_seconds``, the
 mean time of a round's training phase: secure aggregation's overhead against local mode);
 the centralized point has clients 1.
 
@@ -37,11 +43,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedpriv.distributed.setup import large_lot
 from fedpriv.dpsgd.config import steps_per_epoch
-from fedpriv.training import default_epochs, default_plan
+from fedpriv.training import default_epochs
 from simulations._cli import Parser, at_least, even_or_zero, positive
 
 DATASET = "mnist"
+SPARSE_NEIGHBOURS = 20
+"""SecAgg+'s neighbours per node where the full graph would have more."""
+
+
+def neighbours(args: argparse.Namespace, clients: int) -> int:
+    """SecAgg+'s neighbours for ``clients`` nodes: the flag's, else the sparse graph's above 21 nodes."""
+    if args.secagg_neighbours is not None:
+        return args.secagg_neighbours
+    return SPARSE_NEIGHBOURS if clients > SPARSE_NEIGHBOURS + 1 else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=["centralized", "local", "distributed"])
     p.add_argument("--distributed-sigma", choices=["same", "target"], default="same",
                    help="distributed mode at the centralized σ (same) or calibrated for --target-epsilon")
-    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
-                   help="distributed mode: SecAgg+ neighbours per node (even; 0: all others)")
+    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K",
+                   help=f"distributed mode: SecAgg+ neighbours per node (even; 0: all others; default: "
+                        f"{SPARSE_NEIGHBOURS} above {SPARSE_NEIGHBOURS + 1} clients, else 0)")
+    p.add_argument("--lot-size", type=at_least(1), help="the expected lot of centralized and distributed mode "
+                                                         "(default: distributed mode's, N / 3)")
     p.add_argument("--data-dir")
     p.add_argument("--from", dest="reports", nargs="+", type=Path, metavar="JSON",
                    help="merge these reports instead of running (table, --out, --plot)")
@@ -97,8 +116,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.reports:
         return _write(merged(args.reports), args)
-    plan = default_plan(DATASET)
+    start = time.perf_counter()
     epochs = args.epochs or default_epochs(DATASET, args.target_epsilon)
+    n = args.limit_train or 60_000
+    lot = args.lot_size or large_lot(n)
+    steps = epochs * steps_per_epoch(min(1.0, lot / n))
     target = ["--target-epsilon", str(args.target_epsilon)]
     common = ["--delta", str(args.delta), "--seed", str(args.seed)]
     common += ["--data-dir", args.data_dir] if args.data_dir else []
@@ -107,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fedpriv-distributed-") as tmp:
         out = str(Path(tmp) / "centralized.json")  # always: its σ is the distributed runs'
         result, seconds = _run([sys.executable, "-m", "simulations.centralized", *common, *target,
-                                "--epochs", str(epochs), "--out", out])
+                                "--epochs", str(epochs), "--lot-size", str(lot), "--out", out])
         sigma = result["noise_multiplier"]
         if "centralized" in args.modes:
             points.append({"mode": "centralized", "clients": 1, "accuracy": result["accuracy"],
@@ -118,26 +140,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 out = str(Path(tmp) / f"{mode}-{clients}")
                 partition = ["--partition", args.partition] + (
                     ["--alpha", str(args.alpha)] if args.partition == "dirichlet" else [])
-                n = args.limit_train or 60_000
-                steps = epochs * steps_per_epoch(min(1.0, plan.lot_size / n))
                 rounds = epochs if mode == "local" else steps
                 noise = ["--noise-multiplier", str(sigma)] if mode == "distributed" and \
                     args.distributed_sigma == "same" else target
                 result, seconds = _run([sys.executable, "-m", "simulations.mnist", *common, *noise, *partition,
                                         "--privacy", mode, "--clients", str(clients), "--rounds", str(rounds),
-                                        *(["--secagg-neighbours", str(args.secagg_neighbours)]
-                                          if mode == "distributed" else []),
+                                        *(["--secagg-neighbours", str(neighbours(args, clients)), "--lot-size",
+                                           str(lot)] if mode == "distributed" else []),
                                         "--fraction-evaluate", "0", "--out", out])
                 resolved = result["resolved"]
                 sigma = resolved.get("noise_multiplier") or next(iter(resolved["clients"].values()))["noise_multiplier"]
                 points.append({"mode": mode, "clients": clients, "partition": _partition(vars(args)),
                                "accuracy": result["final_accuracy"],
                                "epsilon": max(result["node_epsilon"].values()), "noise_multiplier": sigma,
-                               "steps": steps, "seconds": seconds, "rounds": len(result["rounds"]),
+                               "steps": len(result["rounds"]) * (1 if mode == "distributed" else next(
+                                   iter(resolved["clients"].values()))["steps_per_round"]),
+                               "seconds": seconds, "rounds": len(result["rounds"]),
                                "round_seconds": statistics.mean(r["train_seconds"] for r in result["rounds"])})
                 print(json.dumps(points[-1]), file=sys.stderr, flush=True)
-    report = {"target_epsilon": args.target_epsilon, "distributed_sigma": args.distributed_sigma,
-              "delta": args.delta, "epochs": epochs,
+    report = {"seconds": time.perf_counter() - start, "target_epsilon": args.target_epsilon,
+              "distributed_sigma": args.distributed_sigma, "delta": args.delta, "epochs": epochs, "lot_size": lot,
               "limit_train": args.limit_train, "partition": args.partition,
               "alpha": args.alpha if args.partition == "dirichlet" else None, "points": points}
     return _write(report, args)

@@ -7,10 +7,14 @@ One step = forward + backward + (clip + noise) + optimizer step on a fixed in-me
 ``build_model`` makes it (the CNN in channels_last: all get the same kernels).  fedpriv runs
 ``train_dpsgd`` on a 256-example set with q = 1, so every Poisson lot is the whole batch
 (sampling and gathering included); Opacus runs ``make_private`` without Poisson sampling on
-the same tensors, in each of its modes.
-Implementations are measured round-robin, ``repeats`` times, each time in chunks of a few
-steps, and the fastest chunk of each is kept: the machine is shared, and the fastest chunk
-is the least disturbed one.  ``breakdown`` then says where fedpriv's step time goes: each
+the same tensors, in each of its modes.  On CUDA fedpriv's step is captured in CUDA graphs
+(``fedpriv.dpsgd.static``) and ``fedpriv_eager`` is the same step uncaptured.
+Each implementation is built once per model and warmed up; then they run interleaved
+(round-robin, the order rotating each round), ``Schedule.rounds`` rounds of one timed chunk
+each, a chunk being as many steps as fill ``Schedule.chunk_s``.  Each reports the median of its chunks'
+rates and their spread ((max − min) / median; ratios come from the medians): a shared
+machine slows whichever chunk it hits, and interleaving spreads that over all of them
+instead of one implementation.  ``breakdown`` then says where fedpriv's step time goes: each
 model's steps run under ``torch.profiler``, summed over the engine's labelled stages
 (``fedpriv.dpsgd.engine.STAGES``: lot, noise, clipped sum, update), beside the
 non-private step's time from the same profile.  On a crowded machine ``--threads 1 --clock cpu`` (process CPU
@@ -22,8 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +55,6 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 StepRunner = Callable[[int], None]
 """``run(n)`` performs n training steps."""
 
-CHUNK_STEPS = 5
-"""Timed steps run in chunks of at most this many (at least 3 chunks); the fastest counts."""
-
 
 def non_private(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -64,7 +68,10 @@ def non_private(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunne
     return run
 
 
-def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]:
+ImplementationFactory = Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]
+
+
+def fedpriv(mode: str, static_shapes: bool | None = None) -> ImplementationFactory:
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         config = DPSGDConfig(
@@ -74,14 +81,14 @@ def fedpriv(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], Step
 
         def run(n: int) -> None:
             train_dpsgd(model, x, y, config=config, steps=n, optimizer=opt,
-                        sampling_generator=sampling, noise_generator=noise)
+                        sampling_generator=sampling, noise_generator=noise, static_shapes=static_shapes)
 
         return run
 
     return make
 
 
-def opacus(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]:
+def opacus(mode: str) -> ImplementationFactory:
     def make(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepRunner:
         from opacus import PrivacyEngine
 
@@ -108,37 +115,64 @@ def opacus(mode: str) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], StepR
     return make
 
 
-IMPLEMENTATIONS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], StepRunner]] = {
+IMPLEMENTATIONS: dict[str, ImplementationFactory] = {
     "nonprivate": non_private,
     "fedpriv": fedpriv("auto"),
     "fedpriv_vmap": fedpriv("vmap"),
+    "fedpriv_eager": fedpriv("auto", static_shapes=False),  # on CUDA only: "fedpriv" is captured there
     **{f"opacus_{mode}": opacus(mode) for mode in OPACUS_MODES},
 }
 
 
-def samples_per_second(
-    run: StepRunner,
-    warmup: int,
-    timed: int,
-    budget_s: float,
-    device: torch.device,
-    clock: Callable[[], float],
-) -> float:
-    """Warm up, then time ``timed`` steps — fewer (at least 3) for a step slower than
-    budget_s / timed — in chunks of at most CHUNK_STEPS; the fastest chunk's rate."""
-    start = clock()
-    run(warmup)
-    _sync(device)
-    per_step = (clock() - start) / warmup
-    timed = max(3, min(timed, round(budget_s / per_step)))
-    chunk = min(CHUNK_STEPS, timed // 3)
-    rates = []
-    for _ in range(timed // chunk):
-        start = clock()
-        run(chunk)
+@dataclass(frozen=True)
+class Schedule:
+    """How long each implementation runs: warm-up seconds (at least ``WARMUP_STEPS`` steps),
+    rounds of the interleaved loop, seconds per timed chunk (at least one step)."""
+
+    warmup_s: float
+    rounds: int
+    chunk_s: float
+
+
+QUICK, FULL = Schedule(warmup_s=0.5, rounds=7, chunk_s=0.15), Schedule(warmup_s=1.5, rounds=15, chunk_s=0.4)
+WARMUP_STEPS = 2
+
+
+def steps_for(run: StepRunner, schedule: Schedule, device: torch.device, clock: Callable[[], float]) -> int:
+    """Warm ``run`` up (``WARMUP_STEPS`` steps, then more until ``warmup_s`` has passed);
+    the steps one timed chunk of ``chunk_s`` holds, at least 1."""
+    start, steps = clock(), 0
+    while steps < WARMUP_STEPS or clock() - start < schedule.warmup_s:
+        step_start = clock()
+        run(1)
         _sync(device)
-        rates.append(BATCH * chunk / (clock() - start))
-    return max(rates)
+        per_step = clock() - step_start
+        steps += 1
+    return max(1, round(schedule.chunk_s / max(per_step, 1e-9)))
+
+
+def interleaved_rates(
+    runs: dict[str, tuple[StepRunner, int]], rounds: int, device: torch.device, clock: Callable[[], float]
+) -> dict[str, list[float]]:
+    """Samples/s of each chunk: ``rounds`` rounds, each running every implementation's chunk
+    once, the order rotated by one each round (no implementation always follows another)."""
+    names = list(runs)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            run, steps = runs[name]
+            start = clock()
+            run(steps)
+            _sync(device)
+            rates[name].append(BATCH * steps / (clock() - start))
+    return rates
+
+
+def summary(rates: list[float]) -> dict[str, float]:
+    """Median samples/s of the chunks and their spread, (max − min) / median."""
+    median = statistics.median(rates)
+    return {"samples_per_s": round(median, 1), "spread": round((max(rates) - min(rates)) / median, 3),
+            "chunks": len(rates)}
 
 
 def _sync(device: torch.device) -> None:
@@ -148,30 +182,33 @@ def _sync(device: torch.device) -> None:
 
 def benchmark(quick: bool, clock: Callable[[], float]) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    warmup, timed, repeats, budget_s = (2, 10, 2, 1.0) if quick else (3, 20, 5, 4.0)
+    schedule = QUICK if quick else FULL
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (BATCH,), generator=gen).to(device)
-    best: dict[tuple[str, str], float] = {}
-    skipped: dict[tuple[str, str], str] = {}
-    for _ in range(repeats):
-        for model_name in MODELS:
-            for impl, make in IMPLEMENTATIONS.items():
-                if (model_name, impl) in skipped:
-                    continue
-                try:
-                    run = make(build_model(model_name, seed=0).to(device), x, y)
-                    rate = samples_per_second(run, warmup, timed, budget_s, device, clock)
-                except Exception as err:  # an Opacus mode that does not apply: record, go on
-                    skipped[(model_name, impl)] = f"{type(err).__name__}: {err}"[:300]
-                    continue
-                best[(model_name, impl)] = max(rate, best.get((model_name, impl), 0.0))
-    cases = [{"model": m, "impl": i, "samples_per_s": round(r, 1)} for (m, i), r in best.items()]
-    cases += [
-        {"model": m, "impl": i, "samples_per_s": None, "skipped": why} for (m, i), why in skipped.items()
-    ]
+    cases: list[dict[str, Any]] = []
+    medians: dict[tuple[str, str], float] = {}
+    for model_name in MODELS:
+        runs: dict[str, tuple[StepRunner, int]] = {}
+        for impl, make in IMPLEMENTATIONS.items():
+            if impl == "fedpriv_eager" and device.type != "cuda":
+                continue
+            try:
+                run = make(build_model(model_name, seed=0).to(device), x, y)
+                runs[impl] = (run, steps_for(run, schedule, device, clock))
+            except Exception as err:  # an Opacus mode that does not apply: record, go on
+                cases.append({"model": model_name, "impl": impl, "samples_per_s": None,
+                              "skipped": f"{type(err).__name__}: {err}"[:300]})
+        for impl, rates in interleaved_rates(runs, schedule.rounds, device, clock).items():
+            cases.append({"model": model_name, "impl": impl, **summary(rates)})
+            medians[(model_name, impl)] = cases[-1]["samples_per_s"]
     breakdown = {m: stage_breakdown(m, x, y, device) for m in MODELS}
-    return {"cases": cases, "ratios": {m: _ratios(best, m) for m in MODELS}, "breakdown": breakdown}
+    return {"device": _device_name(device), "cases": cases, "ratios": {m: _ratios(medians, m) for m in MODELS},
+            "breakdown": breakdown}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
 PROFILED_STEPS = 20
@@ -223,10 +260,10 @@ def per_step_gpu_ms(averages: Iterable[Any], steps: int) -> dict[str, float]:
     return {e.key: e.device_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CPU}
 
 
-def _ratios(best: dict[tuple[str, str], float], model: str) -> dict[str, float | None]:
-    ours = best.get((model, "fedpriv"))
-    opacus_rates = [r for (m, i), r in best.items() if m == model and i.startswith("opacus_")]
-    base = best.get((model, "nonprivate"))
+def _ratios(medians: dict[tuple[str, str], float], model: str) -> dict[str, float | None]:
+    ours = medians.get((model, "fedpriv"))
+    opacus_rates = [r for (m, i), r in medians.items() if m == model and i.startswith("opacus_")]
+    base = medians.get((model, "nonprivate"))
     return {
         "vs_nonprivate": round(ours / base, 3) if ours and base else None,
         "vs_opacus_best": round(ours / max(opacus_rates), 3) if ours and opacus_rates else None,
@@ -234,10 +271,11 @@ def _ratios(best: dict[tuple[str, str], float], model: str) -> dict[str, float |
 
 
 def print_table(result: dict) -> None:
-    print(f"{'model':<6} {'impl':<18} {'samples/s':>10}")
+    print(f"{'model':<6} {'impl':<18} {'samples/s':>10} {'spread':>7}")
     for case in result["cases"]:
         rate = case["samples_per_s"]
-        print(f"{case['model']:<6} {case['impl']:<18} {rate if rate is not None else 'skipped':>10}")
+        spread = f"{case['spread']:.0%}" if rate is not None else ""
+        print(f"{case['model']:<6} {case['impl']:<18} {rate if rate is not None else 'skipped':>10} {spread:>7}")
     print(f"\n{'model':<6} {'vs non-private':>15} {'vs Opacus best':>15}")
     for model, ratio in result["ratios"].items():
         print(f"{model:<6} {ratio['vs_nonprivate']!s:>15} {ratio['vs_opacus_best']!s:>15}")
@@ -253,7 +291,7 @@ def print_table(result: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m benchmarks.dpsgd", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer warm-up/timed steps and repeats")
+    parser.add_argument("--quick", action="store_true", help="shorter warm-up, fewer and shorter chunks")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--threads", type=at_least(1), default=os.cpu_count() or 1,
                         help="torch threads (default: all)")

@@ -30,6 +30,8 @@ step() {  # step NAME LIMIT_S COMMAND...
   step env 60 python -m benchmarks.gpu_check env --out "$OUT/env.json"
   step engine 120 python -m benchmarks.gpu_check engine --out "$OUT/engine.json"
   step tests 90 python -m pytest -q -p no:cacheprovider -n 0 tests/dpsgd/test_sampling_precision.py
+  step graphs 120 python -m pytest -q -p no:cacheprovider -n 0 tests/dpsgd/test_cuda_graphs.py \
+    tests/dpsgd/test_static_shapes.py
   step dpsgd 180 python -m benchmarks.dpsgd --quick --out "$OUT/dpsgd-gpu.json"
   step memory 90 python -m benchmarks.gpu_check memory --out "$OUT/memory.json"
   step mnist 150 python -m simulations.centralized --dataset mnist --target-epsilon 3 \

@@ -4,7 +4,9 @@
 [--out FILE]`` prints one JSON object per cohort size and SecAgg+ neighbours per node (0: the
 full graph): the round's wall time on this machine (every node and the server in one
 process, one after another), the server's share of it, a node's mean time, and the bytes
-each node sent and received (payload of the stage configs).
+each node sent and received (payload of the stage configs). Every node has an identity of
+one consortium CA and checks its peers' (as distributed nodes do by default), made before
+the clock starts.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, answer, graph
+from fedpriv.certificates import write_consortium
+from fedpriv.secagg import NodeState, Requirements, SecureAggregation, StageInfo, Vector, answer, graph
+from fedpriv.secagg.identity import load_identity
 from simulations._cli import Parser, at_least, even_or_zero
 
 
-def constant(vector: np.ndarray) -> Callable[[StageInfo], np.ndarray]:
-    return lambda info: vector
+def constant(vector: np.ndarray) -> Callable[[StageInfo], Vector]:
+    return lambda info: Vector(vector, {})
 
 
 def run(n: int, dimension: int, neighbours: int = 0, bits: int = 32) -> dict[str, object]:
@@ -32,7 +37,10 @@ def run(n: int, dimension: int, neighbours: int = 0, bits: int = 32) -> dict[str
     nodes = list(range(1, n + 1))
     rng = np.random.default_rng(0)
     inputs = {u: rng.integers(0, 1 << bits, dimension, dtype=np.uint64) for u in nodes}
-    req = Requirements(min_cohort=2, min_survivors=2, max_colluders=0, min_neighbours=neighbours or None)
+    with tempfile.TemporaryDirectory(prefix="fedpriv-consortium-") as folder:
+        ca = write_consortium(Path(folder), [str(u) for u in nodes])
+        reqs = {u: Requirements(min_cohort=2, min_survivors=2, max_colluders=0, min_neighbours=neighbours or None,
+                                identity=load_identity(ca, Path(folder) / str(u))) for u in nodes}
     states = {u: NodeState() for u in nodes}
     node_s = dict.fromkeys(nodes, 0.0)
     start = time.perf_counter()
@@ -42,7 +50,7 @@ def run(n: int, dimension: int, neighbours: int = 0, bits: int = 32) -> dict[str
         replies = {}
         for u, config in agg.requests().items():
             t0 = time.perf_counter()
-            replies[u] = answer(states[u], req, u, config, constant(inputs[u]))
+            replies[u] = answer(states[u], reqs[u], u, config, constant(inputs[u]))
             node_s[u] += time.perf_counter() - t0
         agg.receive(replies)
     result = agg.result()

@@ -102,7 +102,7 @@ def _flower_client_app(same_seeds: bool = False) -> Any:
         plan = base_plan(training_settings(settings))
         data = local_data(settings, context.node_config, policy.data_dir, model=plan.model,
                           partition_key=policy.partition_key)
-        model = received_model(msg, plan.model, settings.seed)
+        model = received_model(msg, plan.model, settings)
         server_round = msg.content.config_records["config"].get("server-round", 1)
         assert isinstance(server_round, int)
         cid = str(context.node_config["partition-id"])

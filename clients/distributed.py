@@ -15,7 +15,15 @@ about the cohort against the node's own ``min-cohort``, ``max-dropouts``,
   the lattice, summed, plus the noise share, mod 2^bits (``fedpriv.distributed``).
 
 Every value in the message (plan, q, lattice scale, modulus) is untrusted: what the node
-does with it is what it books, and values outside their sane ranges are refused.
+does with it is what it books, and values outside their sane ranges are refused. Before it
+books, the node also checks that the secure sum can carry its vector (``encoding_settings``:
+the sum's dimension and modulus are the lattice's, the lattice's Δ₂ one the rounding can
+enforce), and every value its vector depends on goes into the settings it binds into the sum
+(``fedpriv.secagg.Vector``): nodes told different settings produce no decodable sum.
+
+Whom the node counts toward its cohort is its policy's ``secagg_trust``: peers certified by
+its consortium CA, the server's cohort where it declares that trust, or its own share alone;
+without any of these it refuses the round (``docs/threat-model.md``).
 """
 
 from __future__ import annotations
@@ -34,34 +42,66 @@ from clients.secure_sum import Contribute, answer_stage
 from clients.task import client_id, loss_function, node_data, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
 from fedpriv.distributed.lattice import Lattice, Rounding
+from fedpriv.distributed.rounding import MAX_BOUND
 from fedpriv.federation import protocol
-from fedpriv.federation.policy import NodePolicy, Randomness
+from fedpriv.federation.policy import NodePolicy, Randomness, SecAggTrust
 from fedpriv.federation.settings import RunSettings
 from fedpriv.node import checked_policy
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import check_sample_rate
-from fedpriv.secagg.node import Requirements, StageInfo
+from fedpriv.secagg.identity import load_identity
+from fedpriv.secagg.node import Requirements, StageInfo, Vector
 from fedpriv.seeding import derive_seed, generator
+from fedpriv.training import TrainingPlan
 
 MAX_SCALE = 2.0**24
 """Largest lattice scale a node accepts: beyond it a clipped sum no longer fits 32 bits."""
 
 
 def requirements(policy: NodePolicy) -> Requirements:
-    """What the node's policy demands of a secure aggregation's cohort."""
+    """What the node's policy demands of a secure aggregation's cohort (with a consortium CA,
+    every peer certified by it)."""
+    identity = None if policy.secagg_ca is None or policy.secagg_identity is None else \
+        load_identity(policy.secagg_ca, policy.secagg_identity)
     return Requirements(min_cohort=policy.min_cohort, min_survivors=policy.min_survivors,
-                        max_colluders=policy.max_colluders, min_neighbours=policy.min_secagg_neighbours)
+                        max_colluders=policy.max_colluders, min_neighbours=policy.min_secagg_neighbours,
+                        identity=identity)
 
 
 def train(msg: Message, context: Context, vector: Contribute | None = None) -> RecordDict:
-    """One stage of a distributed round; refused unless the node's policy allows it.
-    ``vector`` computes the node's vector at the collect stage (default: ``contribute``,
-    one distributed DP-SGD step; ``clients.userlevel_distributed``: a user-level delta)."""
+    """One stage of a distributed round; refused unless the node's policy allows it and says
+    whom it counts. ``vector`` computes the node's vector at the collect stage (default:
+    ``contribute``, one distributed DP-SGD step; ``clients.userlevel_distributed``: a user-level delta)."""
     policy = checked_policy(context.node_config)
     if not policy.allow_distributed:
         raise protocol.ProtocolError("this node's policy does not allow distributed rounds (allow-distributed = false)")
+    if policy.secagg_trust is SecAggTrust.REFUSE:
+        raise protocol.ProtocolError(
+            "this node has no consortium CA to verify its peers (secagg-ca) and its policy refuses distributed rounds "
+            "without one (uncertified-cohort = refuse; own-share, or trust-server-cohort = true, would take part)")
     return answer_stage(msg, context, requirements(policy), vector or contribute)
+
+
+def encoding_settings(stage: StageInfo, lattice: Lattice, mode: str, **values: Any) -> dict[str, Any]:
+    """The settings a vector on ``lattice`` is computed under (``mode``, the lattice's, and
+    ``values``: what else it depends on), once the checks that must precede booking passed:
+    the secure sum's dimension and modulus are the lattice's (another modulus would hand the
+    server every node's own sign, or wrap), and the lattice's Δ₂ is a bound the rounding
+    enforces. ``ProtocolError`` otherwise: the one refusal path of every distributed vector."""
+    if lattice.dimension != stage.dimension:
+        raise protocol.ProtocolError(f"the secure sum has dimension {stage.dimension}, this round's vector "
+                                     f"{lattice.dimension}")
+    if lattice.modulus_bits != stage.modulus_bits:
+        raise protocol.ProtocolError(f"the lattice's modulus is 2^{lattice.modulus_bits}, the secure sum's "
+                                     f"2^{stage.modulus_bits}: they must be one")
+    if not lattice.sensitivity <= MAX_BOUND:
+        raise protocol.ProtocolError(f"the lattice's sensitivity Δ₂ = {lattice.sensitivity:.4g} exceeds the largest "
+                                     f"norm the rounding bounds exactly (2^{math.log2(MAX_BOUND):g}): use a coarser "
+                                     "scale or a smaller clip norm")
+    return {"mode": mode, "lattice-scale": lattice.scale, "lattice-rounding": str(lattice.rounding),
+            "lattice-modulus-bits": lattice.modulus_bits, "clip": lattice.max_grad_norm,
+            "dimension": lattice.dimension, **values}
 
 
 def read_lattice(config: Any, max_grad_norm: float, dimension: int) -> tuple[float, Lattice]:
@@ -93,7 +133,15 @@ def read_encoding(config: Any, max_grad_norm: float, dimension: int) -> Lattice:
     return Lattice(float(scale), max_grad_norm, dimension, modulus_bits=bits, rounding=rounding)
 
 
-def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
+def record_encoding(config: Any, plan: TrainingPlan, dimension: int,
+                    stage: StageInfo) -> tuple[float, Lattice, dict[str, Any]]:
+    """(q, lattice, the settings the vector is computed under) of a record-level round for a
+    model of ``dimension`` parameters, checked against the secure sum before booking."""
+    q, lattice = read_lattice(config, plan.max_grad_norm, dimension)
+    return q, lattice, encoding_settings(stage, lattice, "record", plan=protocol.plan_config(plan), sample_rate=q)
+
+
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
     """Book the round in the node's ledger, then compute its vector (``None`` never: a
     failure after booking leaves as a fixed text)."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
@@ -101,17 +149,16 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     config = msg.content.config_records[protocol.CONFIG]
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
-    model = received_model(msg, plan.model, settings.seed, settings.task)
+    model = received_model(msg, plan.model, settings)
     loss_fn = loss_function(settings)
-    dimension = sum(p.numel() for p in model.parameters())
-    q, lattice = read_lattice(config, plan.max_grad_norm, dimension)
+    q, lattice, bound = record_encoding(config, plan, sum(p.numel() for p in model.parameters()), stage)
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
     shares = policy.honest_shares
     share_stddev = lattice.noise_stddev(plan.noise_multiplier, shares)
     charge = Charge(protocol.train_entry(run_key, server_round),
-                    (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, dimension, q, 1),))
+                    (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, lattice.dimension, q, 1),))
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         data = node_data(settings, context, policy, model=plan.model)
@@ -122,7 +169,7 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
             secure=policy.randomness is Randomness.SECURE, sampling_generator=sampling, rounding_generator=rounding,
             noise_generator=noise, loss_fn=loss_fn,
         )
-    return contribution.vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    return Vector(contribution.vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
 
 
 def round_generators(policy: NodePolicy, context: Context, ordinal: int, client: int, server_round: int,

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from fedpriv.secagg import RECORD_KEY, NodeState, Requirements, StageInfo, answer
+from fedpriv.secagg import RECORD_KEY, NodeState, Requirements, StageInfo, Vector, answer
 
 STATE_KEY = "fedpriv.secagg.state"
 
-Contribute = Callable[[Message, Context, StageInfo], tuple[np.ndarray, RecordDict]]
-"""(message, context, what the node saw) → (its vector of Z_{2^bits}, length d; what else
-its reply carries)."""
+Contribute = Callable[[Message, Context, StageInfo], tuple[Vector, RecordDict]]
+"""(message, context, what the node saw) → (its vector of Z_{2^bits}, length d, with the
+settings it was computed under; what else its reply carries)."""
 
 
 def is_secure_sum(msg: Message) -> bool:
@@ -36,7 +35,7 @@ def answer_stage(msg: Message, context: Context, requirements: Requirements, con
     state = NodeState.from_record(context.state.config_records.get(STATE_KEY))
     extra = RecordDict()
 
-    def vector(info: StageInfo) -> np.ndarray:
+    def vector(info: StageInfo) -> Vector:
         nonlocal extra
         contribution, extra = contribute(msg, context, info)
         return contribution

@@ -30,12 +30,12 @@ from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.partition import Split
 from clients.releases import Refusal, book, missing_data, noisy_evaluation, released_size, stored_size
-from fedpriv.data import DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
+from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
-from fedpriv.models import model_inputs
+from fedpriv.models import input_shape, model_inputs
 from fedpriv.node import checked_policy
 from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import seeded_training_seed
@@ -138,17 +138,31 @@ def describe(context: Context) -> RecordDict:
     })
 
 
-def received_model(msg: Message, name: str, seed: int, task: str | None = None) -> torch.nn.Module:
+def received_model(msg: Message, name: str, settings: RunSettings) -> torch.nn.Module:
     """The model the server sent, loaded strictly into ``name``'s architecture (the run's
-    ``task``'s model, where it names one)."""
+    task's model, where it names one), refused (before anything is booked) unless that
+    architecture takes the run's data set: one input of its shape gives a row of class scores
+    (a task's model is checked against its own data, ``_task_data``)."""
     try:
-        model = run_model(name, seed, task)
+        model = run_model(name, settings.seed, settings.task)
     except TaskError as err:
         raise Refusal(f"this node cannot run the task: {err.public}") from err
     try:
         model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     except (KeyError, RuntimeError, ValueError, TypeError) as err:
         raise protocol.ProtocolError(f"received arrays do not fit model {name!r}: {err}") from err
+    image = IMAGE_SHAPES.get(settings.dataset) if settings.task is None else None
+    if image is not None:
+        training = model.training
+        try:
+            with torch.no_grad():
+                scores = model.eval()(torch.zeros(1, *input_shape(name, image)))
+        except (RuntimeError, ValueError) as err:
+            raise protocol.ProtocolError(f"model {name!r} does not take {settings.dataset} inputs") from err
+        finally:
+            model.train(training)
+        if scores.dim() != 2 or len(scores) != 1:
+            raise protocol.ProtocolError(f"model {name!r} gives no class scores for {settings.dataset} inputs")
     return model
 
 
@@ -164,7 +178,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     check_delta(budget.delta, num_examples)
     charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
     charge.require_same(round_spend(plan, num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
-    model = received_model(msg, plan.model, settings.seed, settings.task)  # checked before anything is booked
+    model = received_model(msg, plan.model, settings)  # checked before anything is booked
     loss_fn = loss_function(settings)
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
@@ -208,7 +222,7 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     run_key, server_round = protocol.read_round(config)
     charge = Charge(protocol.evaluate_entry(run_key, server_round), (policy.evaluate_event(),))
     model_name = str(config[protocol.MODEL])
-    model = received_model(msg, model_name, settings.seed, settings.task)
+    model = received_model(msg, model_name, settings)
     data = node_data(settings, context, policy, train=False, model=model_name)  # Refusal first
     budget = policy.effective_budget(settings)
     released = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))

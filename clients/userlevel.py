@@ -66,7 +66,7 @@ def read_user_round(msg: Message, context: Context) -> UserRound:
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
     check_delta(budget.delta, num_examples)
-    model = received_model(msg, plan.model, settings.seed, settings.task)  # checked before anything is booked
+    model = received_model(msg, plan.model, settings)  # checked before anything is booked
     before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     return UserRound(policy, settings, client_id(context.node_config), plan, clip, noise_multiplier, run_key,
                      server_round, num_examples, budget, model, before)

@@ -28,16 +28,18 @@ n), booked ``distributed_count_participant_event``: the delta never leaves the n
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from clients.distributed import read_encoding, round_generators
+from clients.distributed import encoding_settings, read_encoding, round_generators
 from clients.failures import after_booking
 from clients.releases import book
 from clients.userlevel import UserRound, read_user_round, trained_delta
 from fedpriv.distributed.contribution import noised_vector, rounded_sum
+from fedpriv.distributed.lattice import Lattice
 from fedpriv.federation import protocol, userlevel
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.userlevel import (
@@ -48,10 +50,10 @@ from fedpriv.privacy.userlevel import (
     distributed_count_participant_event,
     distributed_participant_event,
 )
-from fedpriv.secagg.node import StageInfo
+from fedpriv.secagg.node import StageInfo, Vector
 
 
-def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.ndarray, RecordDict]:
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
     """Book the round in the node's ledger, then train and compute its vector."""
     request = read_user_round(msg, context)
     config = msg.content.config_records[protocol.CONFIG]
@@ -59,11 +61,7 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
     if count_only is not None:
         return contribute_count(request, config, context, stage, count_only)
     count_noise = userlevel.read_count_noise(config)  # None: fixed clipping
-    dimension = sum(t.numel() for t in request.before.values())
-    lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
-    if lattice.dimension != stage.dimension:  # refused before booking: the sum would not take the vector
-        raise protocol.ProtocolError(f"the secure sum has dimension {stage.dimension}, this round's vector "
-                                     f"{lattice.dimension}")
+    lattice, bound = user_encoding(request, config, stage, count_noise)
     multiplier = request.noise_multiplier if count_noise is None else \
         delta_noise_multiplier(request.noise_multiplier, count_noise)
     shares = request.policy.honest_shares
@@ -81,15 +79,25 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[np.nda
         if count_noise is not None:
             total = np.append(total, (2 * under - 1) * bit_scale)
         vector = noised_vector(total, lattice, share, noise)
-    return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    return Vector(vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+
+
+def user_encoding(request: UserRound, config: ConfigRecord, stage: StageInfo,
+                  count_noise: float | None) -> tuple[Lattice, dict[str, Any]]:
+    """The round's lattice for the delta (and the bit's coordinate with adaptive clipping) and
+    the settings the vector is computed under, checked against the secure sum before booking."""
+    dimension = sum(t.numel() for t in request.before.values())
+    lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
+    return lattice, encoding_settings(stage, lattice, "user", plan=protocol.plan_config(request.plan),
+                                      noise_multiplier=request.noise_multiplier, count_noise=count_noise)
 
 
 def contribute_count(request: UserRound, config: ConfigRecord, context: Context, stage: StageInfo,
-                     count_noise: float) -> tuple[np.ndarray, RecordDict]:
+                     count_noise: float) -> tuple[Vector, RecordDict]:
     """A count-only round: book the count's event, train, and send (2b − 1)·k plus a share."""
     lattice = read_encoding(config, float(COUNT_ONLY_SCALE), 1)
-    if stage.dimension != 1:  # refused before booking
-        raise protocol.ProtocolError(f"a count-only round sums one coordinate, the secure sum has {stage.dimension}")
+    bound = encoding_settings(stage, lattice, "user-count", plan=protocol.plan_config(request.plan),
+                              count_noise=count_noise)
     shares = request.policy.honest_shares
     charge = Charge(request.entry, (distributed_count_participant_event(count_noise, shares),))
     ordinal = book(request.policy, request.client, charge, request.budget)
@@ -98,4 +106,4 @@ def contribute_count(request: UserRound, config: ConfigRecord, context: Context,
         _, _, noise = round_generators(request.policy, context, ordinal, int(request.client), request.server_round)
         total = np.array([(2 * under - 1) * COUNT_ONLY_SCALE], dtype=np.int64)
         vector = noised_vector(total, lattice, count_share_stddev(count_noise, shares), noise)
-    return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    return Vector(vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})

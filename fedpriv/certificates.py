@@ -14,6 +14,17 @@ flower-supernode --root-certificates certs/ca.pem --auth-supernode-private-key c
 Only ``ca.pem`` goes to the SuperNodes and to whoever runs ``flwr run``; ``ca.key`` signs
 certificates and should be kept offline; ``superlink.key`` stays on the server. Keys are
 ECDSA P-256, written with mode 0600; certificates are valid for ``days`` days.
+
+Distributed DP's consortium (``docs/threat-model.md``): a CA that the nodes' operators hold
+together and the server does not, which certifies each node's *identity* key; a node signs
+its secure-aggregation keys with it each round, and its peers count it toward their honest
+cohort only when that signature and its certificate verify (``fedpriv.secagg.identity``)::
+
+    python -m fedpriv.certificates consortium --out consortium/ --node hospital-a --node hospital-b
+
+writes ``consortium/ca.pem`` (every node's policy names it: ``secagg-ca``), ``consortium/ca.key``
+(keep offline) and ``consortium/<name>/identity.pem`` and ``identity.key`` (that node's
+``secagg-identity`` folder only).
 """
 
 from __future__ import annotations
@@ -22,10 +33,12 @@ import argparse
 import datetime
 import ipaddress
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -56,13 +69,14 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def make_ca(days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def make_ca(days: int = 365, name: str = "fedpriv deployment CA") -> tuple[ec.EllipticCurvePrivateKey,
+                                                                          x509.Certificate]:
     """A self-signed CA that may sign end-entity certificates only (path length 0)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name("fedpriv deployment CA")).issuer_name(_name("fedpriv deployment CA"))
+        .subject_name(_name(name)).issuer_name(_name(name))
         .public_key(key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -95,6 +109,49 @@ def make_server_certificate(
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
+
+
+def make_identity(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, name: str, days: int = 365,
+                  ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A node's identity certificate (signing only, not a CA) for ``name``, signed by the consortium CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def certified_key(ca_cert: x509.Certificate, cert_pem: bytes,
+                  now: datetime.datetime | None = None) -> ec.EllipticCurvePublicKey:
+    """The EC public key of ``cert_pem`` if ``ca_cert`` issued it directly (signature, issuer),
+    it is no CA and it is valid ``now``; ValueError (one line) otherwise."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature) as err:
+        raise ValueError(f"not a certificate of the consortium CA ({type(err).__name__})") from None
+    now = now or datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise ValueError("the certificate is outside its validity period")
+    try:
+        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+            raise ValueError("a CA certificate is no node identity")
+    except x509.ExtensionNotFound:
+        raise ValueError("an identity certificate states BasicConstraints") from None
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ValueError("an identity key is an EC key")
+    return key
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -137,7 +194,62 @@ def write_node_key(folder: str | os.PathLike[str], name: str) -> tuple[Path, Pat
     return private, public
 
 
-def main(argv: list[str] | None = None) -> TlsFiles:
+def write_consortium(folder: str | os.PathLike[str], names: list[str], days: int = 365) -> Path:
+    """``ca.pem``/``ca.key`` of a consortium CA in ``folder`` (made once, reused after) and an
+    identity (``<name>/identity.pem``, ``identity.key``: ``write_identity``) for each of
+    ``names`` that has none; returns the CA certificate's path."""
+    folder = Path(folder)
+    ca_pem, ca_key_path = folder / "ca.pem", folder / "ca.key"
+    if ca_key_path.exists():
+        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(ca_pem.read_bytes())
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{ca_key_path} is not an EC key")
+    else:
+        ca_key, ca_cert = make_ca(days, "fedpriv consortium CA")
+        write_bytes_atomic(ca_key_path, _key_pem(ca_key))
+        write_bytes_atomic(ca_pem, ca_cert.public_bytes(serialization.Encoding.PEM))
+        ca_pem.chmod(0o644)
+    for name in names:
+        if not (folder / name / IDENTITY_KEY).exists():
+            write_identity(folder / name, ca_key, ca_cert, name, days)
+    return ca_pem
+
+
+IDENTITY_CERT, IDENTITY_KEY = "identity.pem", "identity.key"
+"""The files of a node's ``secagg-identity`` folder."""
+
+
+def write_identity(folder: str | os.PathLike[str], ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+                   name: str, days: int = 365) -> None:
+    """``identity.key`` (mode 0600) and ``identity.pem`` of ``name``, certified by the CA, in ``folder``."""
+    folder = Path(folder)
+    key, cert = make_identity(ca_key, ca_cert, name, days)
+    write_bytes_atomic(folder / IDENTITY_KEY, _key_pem(key))
+    write_bytes_atomic(folder / IDENTITY_CERT, cert.public_bytes(serialization.Encoding.PEM))
+    (folder / IDENTITY_CERT).chmod(0o644)
+
+
+def consortium_main(argv: list[str]) -> Path:
+    """``python -m fedpriv.certificates consortium --out DIR --node NAME...``."""
+    parser = argparse.ArgumentParser(prog="python -m fedpriv.certificates consortium",
+                                     description="Make a consortium CA and its nodes' identities (distributed DP).")
+    parser.add_argument("--out", type=Path, required=True, help="folder for ca.pem, ca.key and NAME/identity.*")
+    parser.add_argument("--node", action="append", required=True, help="a node's name (repeat for several)")
+    parser.add_argument("--days", type=int, default=365, help="validity (default: 365)")
+    args = parser.parse_args(argv)
+    if args.days < 1:
+        parser.error(f"argument --days: must be >= 1, got {args.days}")
+    ca = write_consortium(args.out, args.node, args.days)
+    print(f"wrote {ca} (every node's secagg-ca), {args.out / 'ca.key'} (keep offline), and an identity folder per "
+          f"node (its secagg-identity): {', '.join(str(args.out / n) for n in args.node)}")
+    return ca
+
+
+def main(argv: list[str] | None = None) -> TlsFiles | Path:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["consortium"]:
+        return consortium_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fedpriv.certificates",
                                      description="Make a private CA and the SuperLink's TLS certificate.")
     parser.add_argument("--out", type=Path, required=True,

@@ -32,7 +32,7 @@ from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
-from fedpriv.privacy.events import ComposedEvent, DpEvent
+from fedpriv.privacy.events import ComposedEvent, DpEvent, GaussianEvent
 from fedpriv.secagg import SecureSumResult, graph
 from fedpriv.task import run_model
 from fedpriv.training import TrainingPlan
@@ -48,14 +48,20 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
           releases: Sequence[tuple[DpEvent, ...]] = ()) -> DistributedSetup:
     """The run's setup for the discovered ``nodes`` (``distributed_setup``): their released
     N's (capped), the nominal cohort K = len(nodes), ``rounds`` DP-SGD steps, σ calibrated
-    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N), SecAgg+ on
-    the run's ``secagg-neighbours``."""
+    beside the costliest of the nodes' earlier ``releases`` (their DP counts of N), the lot
+    ``large_lot``'s unless the run names one, SecAgg+ on
+    the run's ``secagg-neighbours``; the modulus for their released N's, uncapped, and the
+    largest noise of those counts (``lot_bound``)."""
     if not nodes:
         raise ValueError("no node described itself: nothing to aggregate")
     prior = max(releases, key=lambda events: epsilon_of(ComposedEvent(events), settings.delta), default=())
+    count_noise = max((e.noise_multiplier for events in releases for e in events if isinstance(e, GaussianEvent)),
+                      default=0.0)
     return dataclasses.replace(
         distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
                           settings.target_epsilon, settings.delta, settings.lattice_rounding, prior,
+                          [a.num_examples for a in nodes.values()], count_noise,
+                          choose_lot=settings.lot_size is None,
                           dimension=sum(p.numel() for p in run_model(plan.model, 0, settings.task).parameters())),
         secagg_neighbours=settings.secagg_neighbours)
 
@@ -101,12 +107,13 @@ class DistributedFedAvg(BudgetedFedAvg):
         cohort = self._sample_and_book(server_round, grid, evaluate=False)
         round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
         entry = protocol.train_entry(self.run_key, server_round)
-        config = ConfigRecord({**self.distributed.config(), protocol.SERVER_ROUND: server_round,
+        lattice = self.distributed.round_lattice([self.nodes[n].num_examples for n in cohort])  # late joiners too
+        config = ConfigRecord({**self.distributed.config(lattice), protocol.SERVER_ROUND: server_round,
                                protocol.RUN_KEY: self.run_key})
         neighbours = self.distributed.secagg_neighbours
         result = secure_sum(
-            grid, cohort, dimension=self.distributed.lattice.dimension,
-            modulus_bits=self.distributed.lattice.modulus_bits, threshold=graph.threshold(len(cohort), neighbours),
+            grid, cohort, dimension=lattice.dimension,
+            modulus_bits=lattice.modulus_bits, threshold=graph.threshold(len(cohort), neighbours),
             neighbours=neighbours,
             collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
             timeout=timeout, round_key=entry,
@@ -122,7 +129,7 @@ class DistributedFedAvg(BudgetedFedAvg):
         expected_lot = self.distributed.sample_rate * sum(self.nodes[n].weight for n in result.survivors)
         log(INFO, "Round %d: secure sum of %d of %d nodes; one step on an expected lot of %.1f",
             server_round, len(result.survivors), len(cohort), expected_lot)
-        return self._step(server_round, arrays, decode_sum(result.sum, self.distributed.lattice) / expected_lot)
+        return self._step(server_round, arrays, decode_sum(result.sum, lattice) / expected_lot)
 
     def _step(self, server_round: int, arrays: ArrayRecord, gradient: torch.Tensor) -> ArrayRecord:
         """One optimizer step of the global model along ``gradient`` (flat, in

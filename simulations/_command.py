@@ -4,18 +4,33 @@ Flower, Ray) runs. Kept apart from both so that neither imports the other's impo
 
 from __future__ import annotations
 
+import argparse
 import functools
 from collections.abc import Callable
 from typing import Any
 
-from simulations._cli import Parser, federated_parser, use_cache_dir
+from fedpriv.federation import modes
+from simulations._cli import Parser, federated_parser, run_config_defaults, use_cache_dir
+
+
+def check_mode_flags(parser: Parser, args: argparse.Namespace) -> None:
+    """Refuse (one line, exit 2) a flag that the chosen privacy mode does not use
+    (``fedpriv.federation.modes``), rather than ignore it."""
+    defaults = run_config_defaults()
+    mode = modes.mode_of(args.privacy or defaults["privacy"], args.user_noise or defaults["user-noise"])
+    given = [key for key in modes.USED_BY if getattr(args, key.replace("-", "_"), None) is not None]
+    for key in modes.unused(given, mode):
+        flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
+        parser.error(f"argument {flag}: {modes.unused_reason(key, mode)}")
 
 
 def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m simulations.<dataset>``: a bad flag stops here, before torch, Flower and
     Ray are imported; the cache folder is set before any of them is."""
     parser = federated_parser(dataset)
-    use_cache_dir(parser, parser.parse_args(argv).cache_dir)
+    args = parser.parse_args(argv)
+    check_mode_flags(parser, args)
+    use_cache_dir(parser, args.cache_dir)
     from simulations._federated import main
 
     return main(dataset, argv)

@@ -34,14 +34,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
-from fedpriv.federation.policy import POLICY_ENV, policy_file_text
+from fedpriv.federation.policy import POLICY_ENV, SecAggTrust, load_policy, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
@@ -180,8 +180,8 @@ def task_sizes(parser: argparse.ArgumentParser | None, settings: RunSettings, nu
 
 
 def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict[str, Any]:
-    """``--dry-run``: the planner's plan of this run (``fedpriv.privacy.planner``; N public), printed."""
-    from fedpriv.privacy.planner import Federation, plan, table
+    """``--dry-run``: the planner's plan of this run (``fedpriv.planning``; N public), printed."""
+    from fedpriv.planning import Federation, plan, table
     from server.assign import base_plan
 
     user = settings.privacy is PrivacyMode.USER
@@ -195,7 +195,8 @@ def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
         dataset=base_plan(settings).model if settings.task else settings.dataset,
         count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
-        dimension=_task_dimension(settings),
+        model=settings.model, max_grad_norm=settings.max_grad_norm, user_clip=settings.user_clip,
+        lattice_rounding=str(settings.lattice_rounding), model_dimension=_task_dimension(settings),
     )
     result = plan(fed)
     print(table(result))
@@ -254,12 +255,29 @@ def mode_policy(run_config: Mapping[str, Any], clients: int) -> dict[str, Any]:
     return {**distributed, "allow-central-user": user and run_config.get("user-noise") != "distributed"}
 
 
+def consortium_policy(folder: Path, partitions: Iterable[int]) -> dict[str, str]:
+    """The policy keys by which nodes count only peers of one consortium (``secagg-ca``,
+    ``secagg-identity``, ``{partition-id}`` expanded): its CA made in ``folder`` once, and an
+    identity for each of ``partitions`` that has none (``fedpriv.certificates.write_consortium``)."""
+    from fedpriv.certificates import write_consortium
+
+    ca = write_consortium(folder, [str(p) for p in partitions])
+    return {"secagg-ca": str(ca), "secagg-identity": str(folder / "{partition-id}")}
+
+
+def secagg_trust(policy_file: Path) -> str:
+    """The trust model the nodes of ``policy_file`` book distributed rounds under (partition 0's)."""
+    return str(load_policy({"policy": str(policy_file), "partition-id": 0}, environ={}).secagg_trust)
+
+
 @contextlib.contextmanager
 def node_policy_env(policy: Mapping[str, Any], state_dir: Path, clients: int) -> Iterator[Path]:
     """Write the simulated nodes' policy file, initialise the ledgers of the ``clients`` nodes
     never initialised, and point ``FEDPRIV_NODE_POLICY`` at the file for the simulation's
     processes (Ray workers inherit the environment)."""
     path = state_dir / "nodes" / "policy.toml"
+    if policy.get("allow-distributed"):  # the operator's consortium: every node's peers certified
+        policy = {**policy, **consortium_policy(state_dir / "nodes" / "consortium", range(clients))}
     write_bytes_atomic(path, policy_file_text(policy).encode())
     init_nodes(path, range(clients))  # a node whose ledger was lost stays refusing
     saved = os.environ.get(POLICY_ENV)
@@ -362,7 +380,8 @@ def main(dataset: str | None, argv: list[str] | None = None, parser: argparse.Ar
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
         budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise, args.clients)
-        stack.enter_context(node_policy_env(policy, state_dir, args.clients))
+        policy_file = stack.enter_context(node_policy_env(policy, state_dir, args.clients))
+        trust = secagg_trust(policy_file) if policy.get("allow-distributed") else None
         from simulations._spent import nothing_to_spend
 
         if reason := nothing_to_spend(settings, state_dir, args.clients):
@@ -380,6 +399,8 @@ def main(dataset: str | None, argv: list[str] | None = None, parser: argparse.Ar
     results["simulation_wall_time_s"] = wall
     results["randomness"] = policy["randomness"]  # the nodes': the server cannot know it
     results["privacy"] = settings.privacy.value
+    if trust is not None:  # whom each node counted toward its cohort
+        results["secagg_trust"] = trust
     results["node_epsilon"] = node_spent  # by each node's own ledger: the guarantee
     write_json_atomic(results_path, results)
     from simulations._plots import plot_results
@@ -416,6 +437,8 @@ def summary(results: dict[str, Any], out: Path) -> str:
         f"ε per client ({resolved.get('accountant')}, δ = {resolved.get('delta')}"
         + ("" if target is None else f", target {target:g}") + f"): "
         f"{epsilon_summary(results['final_epsilon'].values(), results['randomness'])}",
+        *([f"distributed rounds booked by every node under: {SecAggTrust(results['secagg_trust']).described}"]
+          if results.get("secagg_trust") else []),
         f"server wall time: {results['wall_time_s']:.1f} s, total {results['simulation_wall_time_s']:.1f} s",
         f"model_sha256: {results['model_sha256']}",
         f"written to {out}: {', '.join(files)}",

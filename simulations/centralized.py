@@ -29,6 +29,11 @@ from simulations._cli import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from fedpriv.dpsgd.augmentation import Augmentation
     from fedpriv.privacy.events import DpEvent
     from fedpriv.training import TrainingPlan
 
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
 # that a bad flag is one line at once.
 DATASETS = ("mnist", "cifar10")
 PROG = "python -m simulations.centralized"
+SHIFT = 2
+"""``--augmult``'s copies: each image shifted by up to this many pixels either way."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], help="default: the data set's plan")
     p.add_argument("--max-grad-norm", type=positive)
     add_max_physical_batch(p)
+    p.add_argument("--augmult", type=at_least(1), default=1, metavar="K",
+                   help="augmentation multiplicity: each example's gradient is the mean over K randomly "
+                        f"shifted copies (up to {SHIFT} pixels), clipped as one; the same ε (default: 1, off)")
+    p.add_argument("--private-normalisation", type=positive, metavar="SIGMA",
+                   help="normalise each input channel by a private mean and std (Gaussian noise of this "
+                        "multiplier on clipped statistics), its cost composed into ε (default: off)")
     p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--data-dir", help="root folder of the data sets (default ~/.cache/fedpriv)")
     p.add_argument("--download", action="store_true", help="download the data set if missing")
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     from fedpriv.data import load_dataset
     from fedpriv.models import build_model, model_inputs, model_sha256
     from fedpriv.privacy import ComposedEvent, epsilon_of
-    from fedpriv.seeding import SIMULATION_RUN_ID, seeded_training_seed
+    from fedpriv.seeding import SIMULATION_RUN_ID, generator, seeded_training_seed
     from fedpriv.training import (
         calibrate_plan,
         default_device,
@@ -93,6 +106,7 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         train_round,
         with_physical_batch,
     )
+    from fedpriv.training.normalisation import normalisation_events, private_normalisation
 
     device = default_device()
     train = load_dataset(args.dataset, args.data_dir, train=True, download=args.download,
@@ -102,25 +116,35 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
     train_inputs, test_inputs = (model_inputs(plan.model, part.features) for part in (train, test))
     feature_seconds = time.perf_counter() - start
     num_examples = len(train.labels)
+    prior: tuple[DpEvent, ...] = ()
+    normalise = None
+    if args.private_normalisation is not None:  # before σ is calibrated: its cost is part of ε
+        normalise = private_normalisation(train_inputs, args.private_normalisation,
+                                          generator(args.seed, "normalisation", device=device))
+        train_inputs, test_inputs = normalise(train_inputs), normalise(test_inputs)
+        prior = normalisation_events(args.private_normalisation)
     if plan.lot_size > num_examples:
         print(f"{PROG}: note: lot size {plan.lot_size} > {num_examples} training examples: every "
               f"example is in every lot (q = 1); reported as expected lot {num_examples}", file=sys.stderr)
     if not args.non_private and args.noise_multiplier is None:
         target = 1.0 if args.target_epsilon is None else args.target_epsilon
         epochs = args.epochs or default_epochs(args.dataset, target)
-        plan = calibrate_plan(plan, target, args.delta, num_examples, rounds=epochs)
+        plan = calibrate_plan(plan, target, args.delta, num_examples, rounds=epochs, prior_events=prior)
     else:
         epochs = args.epochs or default_epochs(args.dataset, None)
 
     plan = dataclasses.replace(plan, lr_decay_rounds=epochs)
     model = build_model(plan.model, args.seed).to(device)
-    plan = with_physical_batch(plan, model, train_inputs, device)  # once: the same for every epoch
+    augment = augmentation(args.augmult, plan.model, train.features, normalise)
+    examples = train_inputs if augment is None else train.features  # augmented copies are made from the images
+    plan = with_physical_batch(plan, model, examples, device, augment=augment(0) if augment else None)  # once
     start = time.perf_counter()
-    events: list[DpEvent] = []
+    events: list[DpEvent] = list(prior)
     bar = tqdm(range(1, epochs + 1), desc="epochs", disable=not sys.stderr.isatty())
     for epoch in bar:
         seed = seeded_training_seed(args.seed, SIMULATION_RUN_ID, ordinal=epoch - 1)  # as a simulated node's
-        report = train_round(model, train_inputs, train.labels, plan, seed=seed, client=0, round_=epoch, device=device)
+        report = train_round(model, examples, train.labels, plan, seed=seed, client=0, round_=epoch, device=device,
+                             augment=augment(seed) if augment else None)
         events.extend(report.events)
         bar.set_postfix(loss=f"{report.mean_loss:.3f}")
     seconds = time.perf_counter() - start
@@ -140,6 +164,8 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         "expected_lot_size": plan.sample_rate(num_examples) * num_examples,
         "lr": plan.lr,
         "max_physical_batch": plan.max_physical_batch_size,
+        "augmult": args.augmult,
+        "private_normalisation": args.private_normalisation,
         "epochs": epochs,
         "steps": epochs * plan.steps_per_round(num_examples),
         "num_examples": num_examples,
@@ -148,6 +174,29 @@ def run(args: argparse.Namespace, plan: TrainingPlan) -> dict[str, Any]:
         "feature_seconds": round(feature_seconds, 2),
         "model_sha256": model_sha256(model),
     }
+
+
+def augmentation(
+    multiplicity: int, model: str, images: torch.Tensor, normalise: Callable[[torch.Tensor], torch.Tensor] | None
+) -> Callable[[int], Augmentation] | None:
+    """None for K = 1, else ``make(seed)``: the ``Augmentation`` of one epoch, its shifts drawn
+    from that epoch's own stream; each copy goes through the model's feature map (scattering:
+    computed per step, uncached) and ``normalise``."""
+    from fedpriv.dpsgd.augmentation import Augmentation, random_shift
+    from fedpriv.models import input_shape, model_inputs
+    from fedpriv.seeding import generator
+
+    if multiplicity == 1:
+        return None
+    shift = random_shift(SHIFT)
+
+    def transform(examples: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        inputs = model_inputs(model, shift(examples, gen), cache_dir=False, progress=False)
+        return inputs if normalise is None else normalise(inputs)
+
+    shape = input_shape(model, (images.shape[1], images.shape[2], images.shape[3]))
+    return lambda seed: Augmentation(multiplicity, transform, generator(seed, "augmentation", device=images.device),
+                                     shape)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -196,6 +196,7 @@ class Deployment:
         from fedpriv.federation.policy import policy_file_text
         from fedpriv.files import write_bytes_atomic
         from fedpriv.node import init_nodes
+        from simulations._federated import consortium_policy
 
         certs = self.out / "certs"
         if not (certs / "ca.key").exists():
@@ -206,6 +207,8 @@ class Deployment:
                 assert (key, public) == (node.key, node.public_key)
             write_shim(node.bin)
             policy = node_policy(node, epsilon_budget, delta_, app, data_dir, mode)
+            if policy.get("allow-distributed"):  # the nodes' own consortium CA, not the SuperLink's
+                policy |= consortium_policy(self.out / "consortium", range(self.num_nodes))
             write_bytes_atomic(node.policy, policy_file_text(policy).encode())
             init_nodes(node.policy, [i])  # `python -m fedpriv.node init`, once: a lost ledger stays lost
 
@@ -285,7 +288,9 @@ class Deployment:
         return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out)
 
     def node_epsilons(self, delta_: float) -> dict[str, dict[str, Any]]:
-        """Each node's spent ε at ``delta_`` and entry count, read from its own ledger."""
+        """Each node's spent ε at ``delta_`` and entry count, read from its own ledger, and the
+        trust model its policy books distributed rounds under (where it allows them)."""
+        from fedpriv.federation.policy import load_policy
         from fedpriv.privacy import PrivacyLedger
 
         spent = {}
@@ -293,8 +298,10 @@ class Deployment:
             path = node.state / "ledger.json"
             ledger = PrivacyLedger.load(path) if path.exists() else None
             entries = list(ledger.entries(str(i))) if ledger else []
+            policy = load_policy({"policy": str(node.policy), "partition-id": i}, environ={})
             spent[str(i)] = {"epsilon": ledger.spent_at(str(i), delta_) if ledger and entries else 0.0,
-                             "entries": entries, "ledger": str(path)}
+                             "entries": entries, "ledger": str(path),
+                             **({"secagg_trust": str(policy.secagg_trust)} if policy.allow_distributed else {})}
         return spent
 
     def close(self) -> None:
@@ -406,6 +413,10 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
         lines += [f"node {client}: ε = {node['epsilon']:.4f}{of} in its own ledger "
                   f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
                   for client, node in nodes.items()]
+    from fedpriv.federation.policy import SecAggTrust
+
+    lines += [f"node {client}: distributed rounds booked under {SecAggTrust(node['secagg_trust']).described}"
+              for client, node in nodes.items() if "secagg_trust" in node]
     entries = sorted(out.iterdir(), key=lambda path: (path.is_dir(), path.name))
     lines.append(f"written to {out}: " + ", ".join(path.name + "/" * path.is_dir() for path in entries)
                  + f"; each node's ledger: {out / 'nodes'}/<i>/state/ledger.json")

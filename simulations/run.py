@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations._cli import Parser, federated_parser, use_cache_dir
+from simulations._command import check_mode_flags
 
 PROG = "python -m simulations.run"
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Check the flags and the app, then run ``simulations._federated`` on it."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_mode_flags(parser, args)
     app = app_folder(parser, args.app)
     use_cache_dir(parser, args.cache_dir)
     parser.set_defaults(data_dir=str(app / "data"), out=f"runs/{app.name}")

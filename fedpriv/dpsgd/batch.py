@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedpriv.dpsgd.augmentation import copies
 from fedpriv.dpsgd.clipping import ClippedSumFn
 from fedpriv.dpsgd.config import DPSGDConfig
 from fedpriv.dpsgd.per_example import LossFn
@@ -45,8 +46,14 @@ def batch_gradient_sum(
                          f"max_grad_norm = inf), got σ = {config.noise_multiplier!r}, C = {config.max_grad_norm!r}")
     tensors = list(params.values())
 
-    def gradient_sum(features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]) -> torch.Tensor:
-        total = loss_fn(model(features), labels) * len(labels)  # Σ_i loss_i: the mean's B times
+    def gradient_sum(
+        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if mask is not None:  # a padded micro-batch: only the per-example path can leave rows out
+            return per_example(features, labels, into, mask)
+        k = copies(features, labels)
+        targets = labels if k == 1 else labels.repeat_interleave(k)  # augmented copies, example-major
+        total = loss_fn(model(features), targets) * len(labels)  # Σ_i loss_i: the mean's B times
         grads = torch.autograd.grad(total, tensors, allow_unused=True, materialize_grads=True)
         if not bool(torch.stack([total.isfinite(), *(g.isfinite().all() for g in grads)]).all()):
             return per_example(features, labels, into)  # drops the non-finite examples, sums the finite losses

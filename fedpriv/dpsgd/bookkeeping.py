@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpriv.dpsgd.augmentation import copies
 from fedpriv.dpsgd.clipping import (
     ClippedSumFn,
     Keep,
@@ -89,9 +90,36 @@ class ChannelsLast:
         into.add_(summed.permute(0, 3, 1, 2))
 
 
-PerExample = Materialised | OuterProduct | ChannelsLast
+@dataclass(frozen=True)
+class GroupedOuterProduct:
+    """Per-example gradients Σ_k g_ik a_ikᵀ of a Linear weight over K augmented copies
+    (``augmentation``), never materialised: ‖Σ_k g_k a_kᵀ‖² = Σ_kl (g_k·g_l)(a_k·a_l)."""
+
+    output_grads: torch.Tensor  # (B, K, out)
+    inputs: torch.Tensor  # (B, K, in)
+
+    def squared_norms(self) -> torch.Tensor:
+        g, a = self.output_grads, self.inputs
+        return (torch.bmm(g, g.mT) * torch.bmm(a, a.mT)).sum((1, 2))
+
+    def add_weighted_sum_(self, into: torch.Tensor, factors: torch.Tensor, keep: Keep) -> None:
+        output_grads, inputs = drop_rows(self.output_grads, keep), drop_rows(self.inputs, keep)
+        into.addmm_((output_grads * factors.view(-1, 1, 1)).flatten(0, 1).T, inputs.flatten(0, 1))
+
+
+PerExample = Materialised | OuterProduct | ChannelsLast | GroupedOuterProduct
 # Any: each rule takes the layer type it is keyed by in LAYER_RULES, which mypy cannot express.
 LayerRule = Callable[[Any, torch.Tensor, torch.Tensor], dict[str, PerExample]]
+
+
+def _grouped(per_row: PerExample, k: int) -> PerExample:
+    """Each example's gradient from its K consecutive rows' (example-major copies): their sum
+    (the loss already weighs each copy by 1/K)."""
+    if isinstance(per_row, OuterProduct):
+        return GroupedOuterProduct(per_row.output_grads.unflatten(0, (-1, k)), per_row.inputs.unflatten(0, (-1, k)))
+    if isinstance(per_row, GroupedOuterProduct):  # not made per row
+        raise TypeError("already grouped")
+    return type(per_row)(per_row.grads.unflatten(0, (-1, k)).sum(1))
 
 
 def _linear(layer: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> dict[str, PerExample]:
@@ -195,11 +223,13 @@ def bookkeeping_clipped_sum(
     handles = [layer.register_forward_hook(keep) for layer in layers]
 
     def clipped_sum(
-        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]
+        features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor], mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         captured.clear()
+        k = copies(features, labels)
+        targets = labels if k == 1 else labels.repeat_interleave(k)
         predictions = model(features)
-        loss_sum = loss_fn(predictions, labels) * len(labels)
+        loss_sum = loss_fn(predictions, targets) * len(labels)  # Σ_i of example i's mean loss over its copies
         ran = [layer for layer in layers if layer in captured]
         outputs = [captured[layer][1] for layer in ran]
         output_grads = torch.autograd.grad(loss_sum, outputs, allow_unused=True) if outputs else ()
@@ -207,6 +237,8 @@ def bookkeeping_clipped_sum(
             layer: LAYER_RULES[type(layer)](layer, captured[layer][0], _or_zeros(g, out))
             for layer, out, g in zip(ran, outputs, output_grads, strict=True)
         }
+        if k > 1:
+            rules = {layer: {attr: _grouped(g, k) for attr, g in rule.items()} for layer, rule in rules.items()}
         captured.clear()
 
         def per_example(p: torch.Tensor) -> PerExample:
@@ -217,13 +249,13 @@ def bookkeeping_clipped_sum(
 
         grads = [per_example(p) for p in params.values()]
         sq_norms = [g.squared_norms() for g in grads]
-        factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
+        factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping, mask)
         for buffer, g, f in zip(into, grads, factors, strict=True):
             g.add_weighted_sum_(buffer, f, keep)
-        if bool(torch.isfinite(loss_sum)):
+        if mask is None and bool(torch.isfinite(loss_sum)):
             return loss_sum.detach()
-        with torch.no_grad():  # rare: leave the non-finite per-example losses out
-            return finite_sum(per_example_losses(loss_fn, predictions, labels))
+        with torch.no_grad():  # rare without a mask: leave the non-finite per-example losses out
+            return finite_sum(per_example_losses(loss_fn, predictions, targets).view(len(labels), k).mean(1), mask)
 
     try:
         yield clipped_sum

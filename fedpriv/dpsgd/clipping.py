@@ -16,31 +16,45 @@ finiteness, whether that record was sampled.  Dropping keeps every example's con
 bounded by C (zero is), so the privacy analysis is unchanged.  In the common all-finite
 case ``keep`` is None and nothing is copied; the check costs one reduction over (B,) norms
 and one host sync per micro-batch.  The same rule holds with ``max_grad_norm = inf``.
+
+Masked rows: a micro-batch padded to a fixed shape (``static``) passes a ``mask``; its
+False rows (padding) are dropped like non-finite ones, always by selection, so they add
+exactly 0 whatever their values, and nothing waits for the device (no host sync: the step
+can be captured in a CUDA graph).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from fedpriv.dpsgd.config import Clipping
 
-ClippedSumFn = Callable[[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
-"""``clipped_sum(features, labels, into)``: add Σ_i clipped g_i of the micro-batch into
-``into`` (one contiguous buffer per trainable parameter tensor, whatever the parameter's
-memory format, in place); return Σ_i loss_i."""
+
+class ClippedSumFn(Protocol):
+    """``clipped_sum(features, labels, into, mask=None)``: add Σ_i clipped g_i of the
+    micro-batch into ``into`` (one contiguous buffer per trainable parameter tensor, whatever
+    the parameter's memory format, in place); return Σ_i loss_i.  With a (B,) bool ``mask``,
+    only the rows where it is True count (the rest add exactly 0), with no host sync."""
+
+    def __call__(
+        self, features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor],
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 Keep = torch.Tensor | None
 """``clip_factors``' (B,) bool mask of the examples kept; None when all are (nothing to copy)."""
 
 
 def clip_factors(
-    sq_norms: Sequence[torch.Tensor], max_grad_norm: float, clipping: Clipping
+    sq_norms: Sequence[torch.Tensor], max_grad_norm: float, clipping: Clipping, mask: torch.Tensor | None = None
 ) -> tuple[list[torch.Tensor], Keep]:
     """Per parameter tensor, the ``(B,)`` factors for ``sq_norms[k][i] = ‖g_{i,k}‖²``, and
-    ``keep``: None when every example is finite, else the ``(B,)`` mask of finite examples.
+    ``keep``: None when every example is finite, else the ``(B,)`` mask of finite examples;
+    with a ``mask``, always the mask of the finite examples it holds (no host sync).
 
     ``FLAT``: one factor per example from its total norm, bound C.  ``PER_LAYER``: one factor
     per (example, tensor), bound C/√K for K tensors.  ``max_grad_norm = inf``: all ones.
@@ -49,7 +63,10 @@ def clip_factors(
     """
     total = sq_norms[0] if len(sq_norms) == 1 else torch.stack(list(sq_norms)).sum(0)
     finite = torch.isfinite(total)
-    keep = None if bool(finite.all()) else finite
+    if mask is not None:
+        keep: Keep = finite & mask
+    else:
+        keep = None if bool(finite.all()) else finite
     if math.isinf(max_grad_norm):
         factors = [torch.ones_like(total)] * len(sq_norms)
     elif clipping is Clipping.FLAT:
@@ -70,10 +87,11 @@ def drop_rows(per_example: torch.Tensor, keep: Keep) -> torch.Tensor:
     return torch.where(keep.view(-1, *[1] * (per_example.dim() - 1)), per_example, 0)
 
 
-def finite_sum(values: torch.Tensor) -> torch.Tensor:
-    """Σ of the finite entries of ``values`` (per-example losses): a non-finite loss is left
-    out of the reported loss rather than making it NaN."""
-    return torch.where(torch.isfinite(values), values, 0).sum()
+def finite_sum(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ of the finite entries of ``values`` (per-example losses), only where ``mask`` is True if
+    given: a non-finite loss is left out of the reported loss rather than making it NaN."""
+    keep = torch.isfinite(values) if mask is None else torch.isfinite(values) & mask
+    return torch.where(keep, values, 0).sum()
 
 
 def per_layer_bound(max_grad_norm: float, num_tensors: int) -> float:

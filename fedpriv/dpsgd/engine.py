@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
+from fedpriv.dpsgd.augmentation import Augmentation
 from fedpriv.dpsgd.batch import batch_gradient_sum, is_plain
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import ClippedSumFn
@@ -36,6 +38,7 @@ from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model, model_dev
 from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
 from fedpriv.dpsgd.sampling import micro_batches, poisson_lot, secure_poisson_lot
+from fedpriv.dpsgd.static import static_sums
 from fedpriv.privacy.events import DpEvent, dpsgd_event
 
 STAGES = (LOT, NOISE, CLIPPED_SUM, UPDATE) = ("dpsgd.lot", "dpsgd.noise", "dpsgd.clipped_sum", "dpsgd.update")
@@ -71,6 +74,8 @@ def train_dpsgd(
     loss_fn: LossFn = F.cross_entropy,
     progress: bool = False,
     expected_lot_size: float | None = None,
+    static_shapes: bool | None = None,
+    augment: Augmentation | None = None,
 ) -> TrainReport:
     """Run ``steps`` DP-SGD steps on ``model`` (put in train mode) over (features, labels).
 
@@ -82,6 +87,12 @@ def train_dpsgd(
     ``expected_lot_size``: the divisor of the noisy clipped sum, > 0 and finite; by default
     q·N, right when N = ``len(features)`` is public.  Where N is private, pass q·ñ for a
     released estimate ñ, so that the scale reveals nothing more.
+    ``static_shapes``: pad each micro-batch to a fixed bucket and, on CUDA, replay each
+    bucket's clipped sum from a CUDA graph (``static``: same sums, same events); None (the
+    default) does so on CUDA unless ``$FEDPRIV_CUDA_GRAPHS`` is ``0`` or the schedule is
+    the non-private one (whose batched gradient has few launches anyway).
+    ``augment``: each example's gradient is the mean over its ``augment.multiplicity``
+    augmented copies, before clipping (``augmentation``; the event is unchanged); eager.
     """
     params = trainable_parameters(model)
     num_examples = _check_inputs(params, features, labels, steps, sampling_generator, noise_generator, config)
@@ -94,23 +105,41 @@ def train_dpsgd(
         draw_lot = partial(poisson_lot, num_examples, config.sample_rate, sampling_generator)
     else:  # refused by _check_inputs already
         raise ValueError("sampling_generator is required unless secure_mode=True")
-    flat, grads = gradient_buffers(params)
     loss_total = torch.zeros((), device=features.device)
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
+        if augment is None and use_static_shapes(static_shapes, config, features.device):
+            sums = static_sums(model, params, features, labels, config)
+            flat, grads = sums.flat, sums.grads
+            lot_sum = sums.lot_sum(clipped_sum, config.max_physical_batch_size)
+        else:
+            flat, grads = gradient_buffers(params)
+            lot_sum = partial(add_clipped_sums_, clipped_sum, features, labels, into=grads, config=config,
+                              augment=augment)
         for _ in tqdm(range(steps), desc="DP-SGD", disable=not progress):
             with record_function(LOT):
                 lot = draw_lot()
             with record_function(NOISE):
                 fill_gaussian_noise_(flat, config.noise_std, noise_generator, config.secure_mode)
             with record_function(CLIPPED_SUM):
-                loss_total += add_clipped_sums_(clipped_sum, features, labels, lot, grads, config)
+                loss_total += lot_sum(lot)
             with record_function(UPDATE):
                 flat.div_(divisor)
                 apply_gradients(params, grads, optimizer)
             examples_seen += lot.numel()
     mean_loss = loss_total.item() / examples_seen if examples_seen else float("nan")
     return TrainReport(events=spent_events(config, steps), steps=steps, num_examples=num_examples, mean_loss=mean_loss)
+
+
+CUDA_GRAPHS_ENV = "FEDPRIV_CUDA_GRAPHS"
+"""``0`` turns the default CUDA-graph capture of ``train_dpsgd`` off (eager steps)."""
+
+
+def use_static_shapes(requested: bool | None, config: DPSGDConfig, device: torch.device) -> bool:
+    """``requested`` if given, else: on CUDA, for a private schedule, unless ``CUDA_GRAPHS_ENV`` is 0."""
+    if requested is not None:
+        return requested
+    return device.type == "cuda" and not is_plain(config) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
 
 
 def spent_events(config: DPSGDConfig, steps: int) -> tuple[DpEvent, ...]:
@@ -151,17 +180,18 @@ def clipped_sum_function(
         chosen = bookkeeping
 
         def clipped_sum(
-            features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor]
+            features: torch.Tensor, labels: torch.Tensor, into: Sequence[torch.Tensor],
+            mask: torch.Tensor | None = None,
         ) -> torch.Tensor:
             nonlocal chosen
             if chosen is plain:
-                return plain(features, labels, into)
+                return plain(features, labels, into, mask=mask)
             try:
-                return bookkeeping(features, labels, into)
+                return bookkeeping(features, labels, into, mask)
             except UnsupportedModuleError:  # raised in the forward pass, before adding into
                 hooks.close()  # remove the hooks; from now on, vmap
                 chosen = plain
-                return plain(features, labels, into)
+                return plain(features, labels, into, mask=mask)
 
         yield clipped_sum
 
@@ -182,12 +212,15 @@ def add_clipped_sums_(
     lot: torch.Tensor,
     into: Sequence[torch.Tensor],
     config: DPSGDConfig,
+    augment: Augmentation | None = None,
 ) -> torch.Tensor:
     """Add Σ over the lot of clipped per-example gradients into ``into``, one micro-batch at
-    a time; return Σ over the lot of per-example losses (0 for an empty lot)."""
+    a time (each example's gradient over its ``augment``ed copies); return Σ over the lot of
+    per-example losses (0 for an empty lot)."""
     loss_sum = torch.zeros((), device=features.device)
     for batch in micro_batches(lot, config.max_physical_batch_size):
-        loss_sum += clipped_sum(*examples_at(features, labels, batch), into)
+        inputs, targets = examples_at(features, labels, batch)
+        loss_sum += clipped_sum(inputs if augment is None else augment(inputs), targets, into)
     return loss_sum
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedpriv.dpsgd.augmentation import copies
 from fedpriv.dpsgd.clipping import add_weighted_sum_, clip_factors, finite_sum, squared_norms
 from fedpriv.dpsgd.config import DPSGDConfig
 
@@ -37,16 +38,17 @@ def per_example_gradients(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """({name: (B, *shape) gradients of each example's loss}, (B,) per-example losses).
 
-    Each example runs as a batch of one, so its gradient cannot depend on the others;
-    ``randomness="different"`` gives each example its own dropout mask.
+    Each example runs as a batch of its K copies (``augmentation.copies``; 1 without
+    augmentation), so its gradient cannot depend on the others and is the mean over its
+    copies; ``randomness="different"`` gives each example its own dropout mask.
     """
     detached = {name: p.detach() for name, p in params.items()}
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+        return loss_fn(functional_call(model, p, (x,)), y.expand(len(x)))
 
     per_example = vmap(grad_and_value(example_loss), in_dims=(None, 0, 0), randomness="different")
-    return per_example(detached, features, labels)
+    return per_example(detached, features.unflatten(0, (len(labels), copies(features, labels))), labels)
 
 
 def vmap_clipped_sum(
@@ -55,16 +57,18 @@ def vmap_clipped_sum(
     features: torch.Tensor,
     labels: torch.Tensor,
     into: Sequence[torch.Tensor],
+    mask: torch.Tensor | None = None,
     *,
     loss_fn: LossFn,
     config: DPSGDConfig,
 ) -> torch.Tensor:
     """Add Σ_i clip(g_i) per parameter tensor into ``into``, by materialising every g_i
-    (examples with a non-finite gradient left out); return Σ_i loss_i over finite losses."""
+    (examples with a non-finite gradient, and rows ``mask`` leaves out, left out); return
+    Σ_i loss_i over finite losses."""
     grads, losses = per_example_gradients(model, params, features, labels, loss_fn)
     per_example = list(grads.values())
     sq_norms = [squared_norms(g) for g in per_example]
-    factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping)
+    factors, keep = clip_factors(sq_norms, config.max_grad_norm, config.clipping, mask)
     for buffer, f, g in zip(into, factors, per_example, strict=True):
         add_weighted_sum_(buffer, f, g, keep)
-    return finite_sum(losses)
+    return finite_sum(losses, mask)

@@ -48,6 +48,23 @@ Keys (kebab-case, as in ``--node-config``):
   many neighbours) with at least this many neighbours. None demands the full graph: every
   other cohort member a neighbour. Sparse graphs trust the server to draw the graph at
   random (``docs/threat-model.md``).
+- Whom a distributed round's cohort is made of (``docs/threat-model.md``, "Distributed DP
+  against a malicious server"); a node counts a peer toward its honest cohort only if it
+  can verify it:
+
+  - ``secagg-ca`` (a consortium CA's certificate, PEM) and ``secagg-identity`` (a folder with
+    the node's ``identity.pem`` and ``identity.key``, certified by that CA:
+    ``python -m fedpriv.certificates consortium``): each peer's secure-aggregation keys must
+    be signed by a distinct identity the CA certifies, else the node refuses the round. The
+    node books ``honest_shares`` of such peers.
+  - ``trust-server-cohort = true`` (semi-honest, declared): no CA; the node takes the keys the
+    server relays as distinct nodes and books ``honest_shares`` anyway. A server that makes
+    up keys (Sybils) breaks this node's ε: the run summary says the node booked under this.
+  - neither: ``uncertified-cohort`` says what the node does: ``refuse`` (default) every
+    distributed round, or ``own-share``: take part, its own noise share alone carrying the
+    round's whole noise (``honest_shares`` = 1: the worst case it can verify).
+
+  ``{partition-id}`` is expanded in both paths; relative paths follow the policy file's folder.
 - ``allow-central-user`` (default false): take part in central user-level rounds
   (``privacy = "user"``, ``user-noise = "central"``): the node sends its clipped model
   delta *without noise* and trusts the server to add the noise it names; it books
@@ -98,6 +115,34 @@ class PolicyError(ValueError):
     """The node's policy is missing a required key or holds a bad value."""
 
 
+class UncertifiedCohort(StrEnum):
+    """What a node without a consortium CA does in a distributed round (module docstring)."""
+
+    REFUSE = "refuse"
+    OWN_SHARE = "own-share"
+
+
+class SecAggTrust(StrEnum):
+    """The trust model a node books a distributed round under (``NodePolicy.secagg_trust``)."""
+
+    CONSORTIUM_CA = "consortium-ca"
+    SERVER_COHORT = "trust-server-cohort"
+    OWN_SHARE = "own-share"
+    REFUSE = "refuse"
+
+    @property
+    def described(self) -> str:
+        """The model with what it means, as a run summary says it."""
+        return {
+            SecAggTrust.CONSORTIUM_CA: "consortium-ca (peers certified by the nodes' own CA: holds against a "
+                                       "malicious server up to max-colluders)",
+            SecAggTrust.SERVER_COHORT: "trust-server-cohort (semi-honest, declared: a server that makes up peers "
+                                       "breaks the booked ε)",
+            SecAggTrust.OWN_SHARE: "own-share (no CA: each node's share alone carries the whole noise)",
+            SecAggTrust.REFUSE: "refuse (no CA: distributed rounds refused)",
+        }[self]
+
+
 class Randomness(StrEnum):
     """Where a node's lots and noise come from (see the module docstring)."""
 
@@ -128,6 +173,11 @@ class NodePolicy:
     max_colluders: int = 0
     min_secagg_neighbours: int | None = None
     allow_central_user: bool = False
+    # distributed DP's cohort: whom the node counts (module docstring)
+    secagg_ca: Path | None = None
+    secagg_identity: Path | None = None
+    trust_server_cohort: bool = False
+    uncertified_cohort: UncertifiedCohort = UncertifiedCohort.REFUSE
     policy_file: Path | None = field(default=None, compare=False)
     """The policy file it was read from (not a key): its ledger's identity is recorded beside it."""
 
@@ -144,7 +194,12 @@ class NodePolicy:
             raise PolicyError("min-cohort must be >= 1 and max-dropouts, max-colluders >= 0")
         if self.min_secagg_neighbours is not None and self.min_secagg_neighbours < 1:
             raise PolicyError(f"min-secagg-neighbours must be >= 1, got {self.min_secagg_neighbours}")
-        if self.honest_shares < 1:
+        if (self.secagg_ca is None) != (self.secagg_identity is None):
+            raise PolicyError("secagg-ca and secagg-identity go together: the CA and this node's identity under it")
+        if self.secagg_ca is not None and self.trust_server_cohort:
+            raise PolicyError("trust-server-cohort declares that there is no consortium CA; this policy names one "
+                              "(secagg-ca): set one or the other")
+        if self.min_cohort - self.max_dropouts - self.max_colluders < 1:
             raise PolicyError(f"min-cohort ({self.min_cohort}) must exceed max-dropouts + max-colluders "
                               f"({self.max_dropouts} + {self.max_colluders}): no honest survivor would be left")
         if (self.randomness is Randomness.SEEDED) != (self.seed is not None):
@@ -161,9 +216,21 @@ class NodePolicy:
         return Budget(epsilon=epsilon, delta=min(self.delta, settings.delta))
 
     @property
+    def secagg_trust(self) -> SecAggTrust:
+        """The trust model of this node's distributed rounds (module docstring)."""
+        if self.secagg_ca is not None:
+            return SecAggTrust.CONSORTIUM_CA
+        if self.trust_server_cohort:
+            return SecAggTrust.SERVER_COHORT
+        return SecAggTrust(self.uncertified_cohort.value)
+
+    @property
     def honest_shares(self) -> int:
         """Noise shares a distributed round is guaranteed to hold: the honest survivors of the
-        smallest cohort this node aggregates with."""
+        smallest cohort this node aggregates with, or its own share alone where it cannot
+        verify its peers (``own-share``)."""
+        if self.secagg_trust is SecAggTrust.OWN_SHARE:
+            return 1
         return self.min_cohort - self.max_dropouts - self.max_colluders
 
     @property
@@ -191,7 +258,7 @@ class NodePolicy:
 
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(NodePolicy) if f.name != "policy_file"}
 _KEYS["policy"] = "policy"
-_PATHS = ("state-dir", "data-dir")
+_PATHS = ("state-dir", "data-dir", "secagg-ca", "secagg-identity")
 
 
 def load_policy(node_config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> NodePolicy:
@@ -237,18 +304,21 @@ def policy_file_text(values: Mapping[str, Any]) -> str:
 
 def _parse(name: str, value: Any, node_config: Mapping[str, Any]) -> Any:
     """One policy value to its field's type; ``PolicyError`` on a bad one."""
-    if name in ("state_dir", "data_dir") and str(value):
+    if name in ("state_dir", "data_dir", "secagg_ca", "secagg_identity") and str(value):
         return _absolute(name, str(value), node_config)
     try:
-        if name == "data_dir":
+        if name in ("data_dir", "secagg_ca", "secagg_identity"):
             return None
+        if name == "uncertified_cohort":
+            return UncertifiedCohort(value)
         if name == "randomness":
             return Randomness(value)
         if name == "accountant":
             return AccountantKind(value)
         if name == "trusted_apps":
             return _digests(value)
-        if name in ("public_num_examples", "allow_evaluate", "allow_distributed", "allow_central_user"):
+        if name in ("public_num_examples", "allow_evaluate", "allow_distributed", "allow_central_user",
+                    "trust_server_cohort"):
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
             if not isinstance(value, bool):

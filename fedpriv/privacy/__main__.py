@@ -1,5 +1,6 @@
 """``python -m fedpriv.privacy epsilon|sigma|ledger show|plan``: one JSON object (or, for
-``ledger show`` and ``plan``, a table) on stdout; invalid input gives one line on stderr and exit 2."""
+``ledger show`` and ``plan``, a table) on stdout; invalid input gives one line on stderr and exit 2.
+``plan`` is ``python -m fedpriv.planning``'s, delegated to (the planner sits above accounting)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import NoReturn
 
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     show_parser = show.add_parser("show", help="table per client: entries, events, spent, budget, remaining")
     show_parser.add_argument("path")
     show_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    _add_plan(sub)
+    sub.add_parser("plan", add_help=False, help="each privacy mode's noise, epsilon per round and noise-to-signal "
+                                                "for a federation's shape (python -m fedpriv.planning)")
     return parser
 
 
@@ -70,71 +71,6 @@ def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def _add_plan(sub: argparse._SubParsersAction) -> None:
-    plan = sub.add_parser("plan", help="each privacy mode's noise, epsilon per round and noise-to-signal for a "
-                                       "federation's shape (reads no data and no ledger)")
-    plan.add_argument("--privacy", action="append", choices=["local", "distributed", "user", "user-distributed"],
-                      help="a mode to plan (repeat for several; default: all, side by side)")
-    plan.add_argument("--population", type=_count("population"), required=True, help="clients in the federation")
-    plan.add_argument("--cohort", type=_count("cohort"), help="clients per round (default: all)")
-    plan.add_argument("--rounds", type=_count("rounds"), required=True)
-    sizes = plan.add_mutually_exclusive_group()
-    sizes.add_argument("--records-per-client", type=_count("records per client"), metavar="N")
-    sizes.add_argument("--data-sizes", metavar="FILE", help="each client's number of records (a JSON list, or "
-                                                            "whitespace-separated integers)")
-    plan.add_argument("--lot-size", type=_count("lot size"), help="each client's expected lot (default: the data "
-                                                                  "set's lot shared out, as the server does)")
-    plan.add_argument("--local-epochs", type=_count("local epochs"), default=1)
-    plan.add_argument("--target-epsilon", type=_number("target epsilon", lambda e: e > 0, "> 0"))
-    plan.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"),
-                      help="a fixed sigma (z for user level): the rounds it affords at --target-epsilon")
-    plan.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
-    plan.add_argument("--clip-warmup-rounds", type=_count("count-only rounds", minimum=0), default=0, metavar="W",
-                      help="user level, adaptive clipping: the first W of --rounds release only the noisy count")
-    plan.add_argument("--clip-count-noise", type=_number("clip-count-noise", lambda s: s > 0, "> 0"),
-                      help="σ_b of the noisy count (default: max(cohort / 20, z), as the server sets it)")
-    plan.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
-    plan.add_argument("--dataset", choices=["mnist", "cifar10"], default="mnist", help="whose default plan (local)")
-    plan.add_argument("--out", metavar="F.json", help="also write the plan as JSON")
-    plan.add_argument("--plot", metavar="P.png", help="also plot epsilon per round of each mode")
-
-
-def _data_sizes(path: str) -> tuple[int, ...]:
-    """Records per client from a file: a JSON list or whitespace-separated integers."""
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        values = json.loads(text) if text.lstrip().startswith("[") else [int(v) for v in text.split()]
-    except ValueError as err:
-        raise ValueError(f"--data-sizes {path}: not a JSON list or integers ({err})") from None
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
-        raise ValueError(f"--data-sizes {path}: needs one integer >= 1 per client")
-    return tuple(values)
-
-
-def _plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from fedpriv.privacy.planner import PLANNERS, Federation, plan, plot, table
-
-    try:
-        sizes = _data_sizes(args.data_sizes) if args.data_sizes else \
-            (args.records_per_client,) * args.population if args.records_per_client else ()
-        if sizes and len(sizes) != args.population:
-            raise ValueError(f"--data-sizes holds {len(sizes)} clients, --population is {args.population}")
-        fed = Federation(population=args.population, rounds=args.rounds, delta=args.delta, cohort=args.cohort,
-                         sizes=sizes, lot_size=args.lot_size, local_epochs=args.local_epochs,
-                         target_epsilon=args.target_epsilon, noise_multiplier=args.noise_multiplier,
-                         dataset=args.dataset, accountant=AccountantKind(args.accountant),
-                         count_rounds=args.clip_warmup_rounds, count_noise=args.clip_count_noise)
-        result = plan(fed, args.privacy or tuple(PLANNERS))
-    except (OSError, ValueError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
-    print(table(result))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.plot:
-        plot(result, args.plot)
-    return 0
 
 
 def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:
@@ -166,10 +102,13 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # the planner sits above accounting (training, distributed): the command delegates
+        from fedpriv.planning.__main__ import main as plan
+
+        return plan(argv[1:], prog="python -m fedpriv.privacy plan")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "plan":
-        return _plan(parser, args)
     if args.command == "ledger":
         try:
             ledger = PrivacyLedger.load(args.path)

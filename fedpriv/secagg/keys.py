@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
 
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.supercore.primitives.asymmetric import (
     bytes_to_private_key,
@@ -59,14 +64,34 @@ def matches(secret: bytes, public_pem: bytes) -> bool:
         return False
 
 
-def mask_key(private: ec.EllipticCurvePrivateKey, public: ec.EllipticCurvePublicKey) -> bytes:
-    """The 32-byte pairwise mask key both ends of a pair derive."""
-    return base64.urlsafe_b64decode(generate_shared_key(private, public))
+def settings_digest(settings: Mapping[str, Any]) -> bytes:
+    """SHA-256 of ``settings`` (JSON values) in canonical JSON: one round's settings as a node saw them."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(b"fedpriv.secagg.settings\0" + text.encode()).digest()
 
 
-def survivors_message(round_key: str, active: list[int]) -> bytes:
-    """What a node signs at the consistency stage: the round and its sorted survivors."""
-    return b"fedpriv.secagg.survivors\0" + round_key.encode() + b"\0" + ",".join(map(str, sorted(active))).encode()
+def mask_key(private: ec.EllipticCurvePrivateKey, public: ec.EllipticCurvePublicKey, settings: bytes) -> bytes:
+    """The 32-byte pairwise mask key both ends of a pair derive (ECDH, HKDF) for the round
+    ``settings`` (a ``settings_digest``, HKDF's info): two nodes given different settings
+    derive unrelated keys, so their masks do not cancel and no sum is decodable."""
+    shared = base64.urlsafe_b64decode(generate_shared_key(private, public))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=b"fedpriv.secagg.pairwise\0" + settings).derive(shared)
+
+
+def survivors_message(round_key: str, active: list[int], settings: bytes) -> bytes:
+    """What a node signs at the consistency stage: the round, its sorted survivors and the
+    round's ``settings`` digest."""
+    return (b"fedpriv.secagg.survivors\0" + round_key.encode() + b"\0" + ",".join(map(str, sorted(active))).encode()
+            + b"\0" + settings)
+
+
+def keys_digest(round_key: str, node_id: int, pk1: bytes, pk2: bytes, pk3: bytes) -> bytes:
+    """SHA-256 of a node's id and public keys in one round (what its identity signs)."""
+    digest = hashlib.sha256(b"fedpriv.secagg.keys\0")
+    for part in (round_key.encode(), str(node_id).encode(), pk1, pk2, pk3):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    return digest.digest()
 
 
 def signed(public_pem: bytes, message: bytes, signature: object) -> bool:

@@ -10,7 +10,11 @@ and refuses (``SecAggRefusal``) before it sends anything that would weaken it:
 
 - its group is the distinct keys it receives (its own among them, unchanged), all keys
   distinct; the cohort is the group, or on a sparse graph the ids sent beside it, of which
-  the group is a part; the cohort has at least ``min_cohort`` nodes;
+  the group is that node's neighbourhood in the round's Harary graph (``graph.harary``);
+  the cohort has at least ``min_cohort`` nodes;
+- with an ``identity`` (a consortium CA in its policy: ``identity``), every cohort member's
+  keys of the round are signed by a distinct identity its CA certifies: the server cannot
+  count nodes of its own (Sybils) toward the cohort;
 - a group smaller than the cohort (a sparse graph) only if its policy sets
   ``min_neighbours``, and with at least that many neighbours;
 - the threshold t exceeds ``max_colluders`` and is at most the group of n, and 2t > n + c:
@@ -30,9 +34,18 @@ and refuses (``SecAggRefusal``) before it sends anything that would weaken it:
 A refused or out-of-order stage aborts the round: the node's secrets and the shares it holds
 are erased, so no later request of that round gets anything.
 
+One round, one set of settings: ``contribute`` returns the vector with the settings it was
+computed under (plan, noise, lattice: ``Vector.settings``); with the secure sum's own (round
+key, threshold, modulus, dimension, cohort and graph) they make the round's settings digest
+(``keys.settings_digest``), which keys the pairwise masks (HKDF info) and is part of what the
+node signs at the consistency stage. Two nodes given different settings derive masks that do
+not cancel (no decodable sum), and a node unmasks only with t signatures on its own digest
+(Bonawitz et al. 2017's consistency round).
+
 The masked vector is (x + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits with b = os.urandom(32) fresh
-each round and s_uv from ECDH on the first key pair; shares of b and of sk1 go to every group
-member, encrypted under ECDH on the second key pair (Fernet). PRG is ChaCha20 (``prg``).
+each round and s_uv from ECDH on the first key pair and the settings digest; shares of b and
+of sk1 go to every group member, encrypted under ECDH on the second key pair (Fernet). PRG is
+ChaCha20 (``prg``).
 """
 
 from __future__ import annotations
@@ -59,8 +72,9 @@ from flwr.supercore.primitives.asymmetric import (
     sign_message,
 )
 
-from fedpriv.secagg import keys, prg
+from fedpriv.secagg import graph, keys, prg
 from fedpriv.secagg import stages as s
+from fedpriv.secagg.identity import Identity, peer_identity
 from fedpriv.secagg.stages import Stage
 
 ABORTED = "aborted"
@@ -75,12 +89,15 @@ class SecAggRefusal(ValueError):
 @dataclass(frozen=True)
 class Requirements:
     """What the node's policy demands of a secure sum (``NodePolicy.min_cohort``,
-    ``min_survivors``, ``max_colluders``, ``min_secagg_neighbours``: None demands the full graph)."""
+    ``min_survivors``, ``max_colluders``, ``min_secagg_neighbours``: None demands the full graph;
+    ``identity``: its consortium identity, and every peer certified by the same CA; None: peers
+    are whatever keys the server relays, a trust the node's policy declares)."""
 
     min_cohort: int
     min_survivors: int
     max_colluders: int
     min_neighbours: int | None = None
+    identity: Identity | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_survivors <= self.min_cohort or self.max_colluders < 0:
@@ -103,6 +120,15 @@ class StageInfo:
     """Cohort members (itself included) whose shares it holds: the most that can survive."""
 
 
+@dataclass(frozen=True)
+class Vector:
+    """A node's input to the secure sum: ``values`` (integers, length ``dimension``, taken mod
+    2^bits) and the ``settings`` (JSON values) they were computed under, bound into the sum."""
+
+    values: np.ndarray
+    settings: Mapping[str, Any]
+
+
 @dataclass
 class NodeState:
     """Everything a node keeps between stages; every field is a ConfigRecord value."""
@@ -120,6 +146,7 @@ class NodeState:
     pk2: bytes = b""
     pk3: bytes = b""
     seed: bytes = b""
+    settings: bytes = b""  # the round's settings digest, from the collect stage on
     cohort: list[int] = field(default_factory=list)
     group: list[int] = field(default_factory=list)  # whom it shares with, itself included
     group_pk1: list[bytes] = field(default_factory=list)
@@ -146,18 +173,18 @@ class NodeState:
         self.holders, self.seed_shares, self.sk1_shares = [], [], []
 
 
-Contribute = Callable[[StageInfo], np.ndarray]
+Contribute = Callable[[StageInfo], Vector]
 
 
 def answer(state: NodeState, requirements: Requirements, node_id: int, config: Mapping[str, Any],
            contribute: Contribute) -> dict[str, Any]:
     """The node's reply to one stage's ``config`` from the server; ``contribute`` gives its
-    vector (length ``dimension``, taken mod 2^bits) once every check of the collect stage
-    passed. Any refusal or error aborts the round in ``state``."""
+    vector and settings once every check of the collect stage passed. Any refusal or error
+    aborts the round in ``state``."""
     try:
         stage = _next_stage(state, config)
         if stage is Stage.SETUP:
-            return _setup(state, node_id, config)
+            return _setup(state, requirements, node_id, config)
         if stage is Stage.SHARE_KEYS:
             return _share_keys(state, requirements, config)
         if stage is Stage.COLLECT:
@@ -204,7 +231,7 @@ def _distinct(values: Sequence[Any], name: str) -> set[Any]:
     return unique
 
 
-def _setup(state: NodeState, node_id: int, config: Mapping[str, Any]) -> dict[str, Any]:
+def _setup(state: NodeState, req: Requirements, node_id: int, config: Mapping[str, Any]) -> dict[str, Any]:
     round_key = _field(config, s.ROUND_KEY, str)
     if not 0 < len(round_key) <= s.MAX_ROUND_KEY:
         raise _refuse(f"a round key has 1 to {s.MAX_ROUND_KEY} characters")
@@ -224,7 +251,11 @@ def _setup(state: NodeState, node_id: int, config: Mapping[str, Any]) -> dict[st
     state.sk3, state.pk3 = private_key_to_bytes(sk3), public_key_to_bytes(pk3)
     state.cohort, state.group, state.signed = [], [], []
     state.group_pk1, state.group_pk2, state.group_pk3 = [], [], []
-    return {s.PK1: state.pk1, s.PK2: state.pk2, s.PK3: state.pk3}
+    state.settings = b""
+    identity = {} if req.identity is None else {
+        s.CERTIFICATE: req.identity.certificate,
+        s.KEYS_SIGNATURE: req.identity.sign(keys.keys_digest(round_key, node_id, state.pk1, state.pk2, state.pk3))}
+    return {s.PK1: state.pk1, s.PK2: state.pk2, s.PK3: state.pk3, **identity}
 
 
 def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -250,6 +281,8 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
                       "demands the full graph (no min-secagg-neighbours)")
     if n < len(cohort) and n - 1 < (req.min_neighbours or 0):
         raise _refuse(f"{n - 1} neighbours are below this node's minimum of {req.min_neighbours}")
+    if n < len(cohort) and _harary_group(cohort, n - 1, state.round_key, state.node_id) != group:
+        raise _refuse("its group is not its neighbourhood in the round's Harary graph")
     group_name = "cohort" if n == len(cohort) else "group"
     if not req.max_colluders < t <= n:
         raise _refuse(f"threshold {t} must exceed the {req.max_colluders} tolerated colluders and be at most "
@@ -261,6 +294,9 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
                  for nid, a, b, c in zip(ids, pk1s, pk2s, pk3s, strict=True)}
     except ValueError:
         raise _refuse("a cohort key is not a PEM P-384 key") from None
+    if req.identity is not None:
+        _check_identities(state, req.identity, config, cohort, {nid: (a, b, c) for nid, a, b, c in
+                                                               zip(ids, pk1s, pk2s, pk3s, strict=True)})
     order = sorted(ids)
     state.cohort, state.group = sorted(cohort), order
     state.group_pk1 = [pk1s[ids.index(nid)] for nid in order]
@@ -280,6 +316,45 @@ def _share_keys(state: NodeState, req: Requirements, config: Mapping[str, Any]) 
         ciphertexts.append(encrypt(generate_shared_key(sk2, peers[nid][1]), plaintext))
     return {s.DESTINATIONS: destinations, s.CIPHERTEXTS: ciphertexts,
             s.COMMITMENT: keys.commitment(state.round_key, state.seed)}
+
+
+def _harary_group(cohort: list[int], neighbours: int, round_key: str, node_id: int) -> set[int] | None:
+    """The node and its neighbours in the round's H(|cohort|, k); None where k is no Harary degree."""
+    try:
+        drawn = graph.harary(cohort, neighbours, round_key)
+    except ValueError:
+        return None
+    return None if drawn is None else {node_id, *drawn[node_id]}
+
+
+def _check_identities(state: NodeState, identity: Identity, config: Mapping[str, Any], cohort: list[int],
+                      group_keys: Mapping[int, tuple[bytes, bytes, bytes]]) -> None:
+    """Refuse unless every cohort member's keys of the round (its group's as received, the
+    others' by the digest sent beside them) are signed by a distinct identity that this
+    node's CA certifies, its own identity its own."""
+    certificates, signatures = _list(config, s.CERTIFICATES, bytes), _list(config, s.KEYS_SIGNATURES, bytes)
+    digests = _list(config, s.KEYS_DIGESTS, bytes) if s.KEYS_DIGESTS in config else []
+    if len(certificates) != len(cohort) or len(signatures) != len(cohort) or digests and len(digests) != len(cohort):
+        raise _refuse("the cohort's identities and the cohort differ in length")
+    seen: set[bytes] = set()
+    for index, nid in enumerate(cohort):
+        if nid in group_keys:
+            digest = keys.keys_digest(state.round_key, nid, *group_keys[nid])
+            if digests and digests[index] != digest:
+                raise _refuse(f"the keys of node {nid} are not the keys their digest names")
+        elif digests:
+            digest = digests[index]
+        else:
+            raise _refuse(f"node {nid} of the cohort comes without the digest of its keys")
+        if nid == state.node_id and certificates[index] != identity.certificate:
+            raise _refuse("this node's own identity was altered")
+        try:
+            who = peer_identity(identity.ca, certificates[index], signatures[index], digest)
+        except ValueError as err:
+            raise _refuse(f"node {nid} is not certified by this node's consortium CA: {err}") from None
+        if who in seen:
+            raise _refuse(f"node {nid} has the identity of another cohort member: one identity counts once")
+        seen.add(who)
 
 
 def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], contribute: Contribute) -> dict[str, Any]:
@@ -307,19 +382,33 @@ def _collect(state: NodeState, req: Requirements, config: Mapping[str, Any], con
         state.sk1_shares.append(sk1_share)
     info = StageInfo(state.node_id, state.round_key, len(state.cohort), state.threshold, state.modulus_bits,
                      state.dimension, len(state.holders))
-    vector = np.asarray(contribute(info))
+    contribution = contribute(info)
+    vector = np.asarray(contribution.values)
     if vector.shape != (state.dimension,) or vector.dtype.kind not in "ui":
         raise ValueError(f"the contribution must be an integer vector of length {state.dimension}")
-    return {s.MASKED: prg.to_wire(masked(state, vector, sources), state.modulus_bits)}
+    state.settings = round_settings(state, contribution.settings)
+    return {s.MASKED: prg.to_wire(masked(state, vector, sources), state.modulus_bits), s.SETTINGS: state.settings}
+
+
+def round_settings(state: NodeState, settings: Mapping[str, Any]) -> bytes:
+    """The digest of everything the node's vector and its masking depend on: the secure sum's
+    round key, threshold, modulus, dimension, cohort and graph (k neighbours, 0: full), and
+    ``settings``, the contribution's."""
+    neighbours = 0 if len(state.group) == len(state.cohort) else len(state.group) - 1
+    return keys.settings_digest({"secure-sum": {"round-key": state.round_key, "threshold": state.threshold,
+                                                "modulus-bits": state.modulus_bits, "dimension": state.dimension,
+                                                "cohort": state.cohort, "neighbours": neighbours},
+                                 "contribution": dict(settings)})
 
 
 def masked(state: NodeState, vector: np.ndarray, neighbours: Sequence[int]) -> np.ndarray:
-    """(vector + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits: + for a neighbour of smaller id, - else."""
+    """(vector + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits: + for a neighbour of smaller id, - else;
+    s_uv keyed by the round's settings digest."""
     bits, d, round_key = state.modulus_bits, state.dimension, state.round_key
     total = prg.reduce(vector, bits) + prg.mask(state.seed, "private", round_key, d, bits)
     sk1 = bytes_to_private_key(state.sk1)
     for nid in neighbours:
-        key = keys.mask_key(sk1, keys.public_key(state.group_pk1[state.group.index(nid)]))
+        key = keys.mask_key(sk1, keys.public_key(state.group_pk1[state.group.index(nid)]), state.settings)
         pairwise = prg.mask(key, "pairwise", round_key, d, bits)
         total = total + pairwise if state.node_id > nid else total - pairwise
     return prg.reduce(total, bits)
@@ -346,7 +435,7 @@ def _consistency(state: NodeState, req: Requirements, config: Mapping[str, Any])
     active = _list(config, s.ACTIVE, int)
     _survivors(state, req, active)
     state.signed = sorted(active)
-    message = keys.survivors_message(state.round_key, state.signed)
+    message = keys.survivors_message(state.round_key, state.signed, state.settings)
     return {s.SIGNATURE: sign_message(bytes_to_private_key(state.sk3), message)}
 
 
@@ -362,11 +451,12 @@ def _unmask(state: NodeState, req: Requirements, config: Mapping[str, Any]) -> d
         raise _refuse("the active list is not the list of survivors this node signed")
     if len(signers) != len(signatures) or len(_distinct(signers, "the signers")) < state.threshold:
         raise _refuse(f"the survivors carry fewer than the threshold of {state.threshold} signatures")
-    message = keys.survivors_message(state.round_key, state.signed)
+    message = keys.survivors_message(state.round_key, state.signed, state.settings)
     for signer, signature in zip(signers, signatures, strict=True):
         if signer not in state.group or not keys.signed(state.group_pk3[state.group.index(signer)], message,
                                                        signature):
-            raise _refuse(f"the signature of node {signer} on the survivors does not verify")
+            raise _refuse(f"the signature of node {signer} on the survivors and this node's settings does not "
+                          "verify (another node given other settings?)")
     index = {nid: i for i, nid in enumerate(state.holders)}
     alive = [nid for nid in active if nid in index]
     shares = [state.seed_shares[index[nid]] for nid in alive] + [state.sk1_shares[index[nid]] for nid in dead]

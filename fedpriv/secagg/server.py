@@ -10,7 +10,10 @@ only its neighbours in the round's Harary graph H(|U1|, k), is sent only their k
 ids) and asked only for their shares; otherwise every node is every other's neighbour.
 A seed or key rebuilt from shares is checked (b against the node's commitment, sk1 against
 its public key) before use, so a node sending a wrong share makes the round fail or is
-outvoted, never a wrong sum.
+outvoted, never a wrong sum. The server relays each node's identity (certificate and its
+signature on the node's keys) to the cohort, and takes the round's settings digest from the
+survivors' collect replies: survivors that disagree on it end the round (their masks would
+not cancel), and the digest keys the dead nodes' pairwise masks and the signatures checked.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 
 from fedpriv.secagg import graph, keys, prg
 from fedpriv.secagg import stages as s
+from fedpriv.secagg.identity import MAX_CERTIFICATE_BYTES
 from fedpriv.secagg.lagrange import Interpolator
 from fedpriv.secagg.stages import Stage
 
@@ -91,6 +95,8 @@ class SecureAggregation:
         self.pk1: dict[int, bytes] = {}
         self.pk2: dict[int, bytes] = {}
         self.pk3: dict[int, bytes] = {}
+        self.identities: dict[int, tuple[bytes, bytes]] = {}  # node → (certificate, signature on its keys)
+        self.settings: dict[int, bytes] = {}  # survivor → the settings digest it sent
         self.signatures: dict[int, bytes] = {}
         self.commitments: dict[int, bytes] = {}
         self.inbox: dict[int, tuple[list[int], list[bytes]]] = {}  # receiver → (sources, ciphertexts)
@@ -161,6 +167,10 @@ class SecureAggregation:
             self.shared = list(self.live)
         if stage is Stage.COLLECT:
             self.survivors = tuple(self.live)
+            if len({self.settings[n] for n in self.survivors}) > 1:
+                self.reason = "the survivors computed their vectors under different settings (their digests differ)"
+                self.stage = None
+                return
         if stage is Stage.UNMASK:
             self.stage = None
             return
@@ -194,9 +204,14 @@ class SecureAggregation:
 
     def _share_keys_config(self, node: int) -> dict[str, Any]:
         group = [n for n in self.live if self.linked(node, n)]
-        cohort = {} if self.graph is None else {s.COHORT: list(self.live)}
+        cohort = {} if self.graph is None else {
+            s.COHORT: list(self.live),
+            s.KEYS_DIGESTS: [keys.keys_digest(self.round_key, n, self.pk1[n], self.pk2[n], self.pk3[n])
+                             for n in self.live]}
         return {s.IDS: group, s.PK1: [self.pk1[n] for n in group], s.PK2: [self.pk2[n] for n in group],
-                s.PK3: [self.pk3[n] for n in group], **cohort}
+                s.PK3: [self.pk3[n] for n in group], **cohort,
+                s.CERTIFICATES: [self.identities[n][0] for n in self.live],
+                s.KEYS_SIGNATURES: [self.identities[n][1] for n in self.live]}
 
     def _collect_config(self, node: int) -> dict[str, Any]:
         sources, ciphertexts = self.inbox.get(node, ([], []))
@@ -220,6 +235,11 @@ class SecureAggregation:
         except ValueError as err:
             raise Malformed(str(err)) from None
         self.pk1[node], self.pk2[node], self.pk3[node] = reply[s.PK1], reply[s.PK2], reply[s.PK3]
+        certificate, signature = reply.get(s.CERTIFICATE, b""), reply.get(s.KEYS_SIGNATURE, b"")
+        if not isinstance(certificate, bytes) or not isinstance(signature, bytes) or \
+                len(certificate) > MAX_CERTIFICATE_BYTES or len(signature) > s.MAX_SIGNATURE_BYTES:
+            raise Malformed("an identity is a certificate and a signature, as bytes")
+        self.identities[node] = (certificate, signature)
 
     def _drop_repeated_keys(self) -> None:
         holders: dict[bytes, list[int]] = {}
@@ -248,14 +268,18 @@ class SecureAggregation:
             texts.append(ciphertext)
 
     def _accept_collect(self, node: int, reply: Mapping[str, Any]) -> None:
+        settings = reply.get(s.SETTINGS)
+        if not isinstance(settings, bytes) or len(settings) != 32:
+            raise Malformed("no 32-byte settings digest")
         try:
             self.vectors[node] = prg.from_wire(reply.get(s.MASKED), self.dimension, self.modulus_bits)
         except ValueError as err:
             raise Malformed(str(err)) from None
+        self.settings[node] = settings
 
     def _accept_consistency(self, node: int, reply: Mapping[str, Any]) -> None:
         signature = reply.get(s.SIGNATURE)
-        message = keys.survivors_message(self.round_key, list(self.survivors))
+        message = keys.survivors_message(self.round_key, list(self.survivors), self.settings[self.survivors[0]])
         if not isinstance(signature, bytes) or len(signature) > s.MAX_SIGNATURE_BYTES or not keys.signed(
                 self.pk3[node], message, signature):
             raise Malformed("no valid signature on the survivors")
@@ -285,6 +309,7 @@ class SecureAggregation:
     def _unmasked(self, survivors: tuple[int, ...]) -> tuple[np.ndarray | None, str | None]:
         bits, d, round_key = self.modulus_bits, self.dimension, self.round_key
         dead = [n for n in self.shared if n not in survivors]
+        settings = self.settings[survivors[0]]  # every survivor's (``receive``)
         total = np.zeros(d, dtype=np.uint64)
         for node in survivors:
             total += self.vectors[node]
@@ -299,7 +324,7 @@ class SecureAggregation:
                 return None, f"the key of dropped node {node} could not be rebuilt from the shares"
             private = keys.private_key(secret)
             for peer in (p for p in survivors if self.linked(node, p)):
-                key = keys.mask_key(private, keys.public_key(self.pk1[peer]))
+                key = keys.mask_key(private, keys.public_key(self.pk1[peer]), settings)
                 pairwise = prg.mask(key, "pairwise", round_key, d, bits)
                 if node > peer:  # the peer subtracted it
                     total += pairwise

@@ -13,10 +13,10 @@ RECORD_KEY = "fedpriv.secagg"
 class Stage(StrEnum):
     """SecAgg+ (Bell et al. 2020), in the order a node answers them."""
 
-    SETUP = "setup"  # → threshold, modulus bits, dimension, round key; ← two public keys
-    SHARE_KEYS = "share-keys"  # → the cohort's keys; ← encrypted shares, commitment to b
-    COLLECT = "collect"  # → the shares sent to this node; ← the masked vector
-    CONSISTENCY = "consistency"  # → the survivors; ← the node's signature on them
+    SETUP = "setup"  # → threshold, modulus bits, dimension, round key; ← three public keys (signed by its identity)
+    SHARE_KEYS = "share-keys"  # → the cohort's keys and identities; ← encrypted shares, commitment to b
+    COLLECT = "collect"  # → the shares sent to this node; ← the masked vector, the digest of its settings
+    CONSISTENCY = "consistency"  # → the survivors; ← the node's signature on them and the settings
     UNMASK = "unmask"  # → active (signed by >= t) and dead lists; ← shares of b (active), sk1 (dead)
 
 
@@ -24,11 +24,14 @@ STAGE = "stage"
 # setup
 THRESHOLD, MODULUS_BITS, DIMENSION, ROUND_KEY = "threshold", "modulus-bits", "dimension", "round-key"
 PK1, PK2, PK3 = "pk1", "pk2", "pk3"
+CERTIFICATE, KEYS_SIGNATURE = "certificate", "keys-signature"  # its identity (b"" without one)
 # share-keys (ids: the nodes it shares with, itself included; cohort: all of U1, sent on a sparse graph only)
 IDS, COHORT = "ids", "cohort"
+# aligned with the cohort: its identities, and (sparse graph) the digests of the keys they signed
+CERTIFICATES, KEYS_SIGNATURES, KEYS_DIGESTS = "certificates", "keys-signatures", "keys-digests"
 DESTINATIONS, CIPHERTEXTS, COMMITMENT = "destinations", "ciphertexts", "commitment"
 # collect
-SOURCES, MASKED = "sources", "masked"
+SOURCES, MASKED, SETTINGS = "sources", "masked", "settings"
 # consistency (Bonawitz et al. 2017, the malicious-server variant)
 SIGNATURE = "signature"
 # unmask

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import TrainReport, train_dpsgd
+from fedpriv.dpsgd.augmentation import Augmentation
 from fedpriv.dpsgd.engine import spent_events
 from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
 from fedpriv.dpsgd.per_example import LossFn
@@ -44,20 +45,22 @@ _STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
 
 def with_physical_batch(
     plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False,
-    fit: bool = False, loss_fn: LossFn = F.cross_entropy,
+    fit: bool = False, augment: Augmentation | None = None, loss_fn: LossFn = F.cross_entropy,
 ) -> TrainingPlan:
     """``plan`` with a physical batch: its own, or the largest whose measured step (with the
     plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
     ``device_budget(device)``, at most ``len(features)``. With ``fit``, the plan's own is only
     an upper bound (a request from a server, which knows nothing of this device): the
     smaller of the two. ``model`` is on ``device``; its step memory is measured once per
-    process for each kind of step."""
+    process for each kind of step. With ``augment``, a micro-batch of B examples runs the
+    model on B·K inputs of ``augment.input_shape``: B is what fits for B·K, divided by K."""
     requested = plan.max_physical_batch_size
     if requested is not None and not fit:
         return plan
     device = torch.device(device)
     config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
-    sample_shape = tuple(features.shape[1:])
+    sample_shape = tuple(features.shape[1:]) if augment is None else augment.input_shape
+    multiplicity = 1 if augment is None else augment.multiplicity
     key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device,
            loss_fn, sum(p.numel() for p in model.parameters()))  # a user's task: its model and loss
     if key not in _STEP_MEMORY:
@@ -65,7 +68,8 @@ def with_physical_batch(
             model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype,
             loss_fn=loss_fn,
         )
-    size = fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features))
+    size = max(1, fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features) * multiplicity)
+               // multiplicity)
     return dataclasses.replace(plan, max_physical_batch_size=size if requested is None else min(size, requested))
 
 
@@ -92,6 +96,7 @@ def train_round(
     secure: bool = False,
     num_examples: int | None = None,
     fit_physical_batch: bool = False,
+    augment: Augmentation | None = None,
     loss_fn: LossFn = F.cross_entropy,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
@@ -108,8 +113,10 @@ def train_round(
     None means ñ = N (a public N; the centralized run and simulations).
     A plan without a physical batch gets one for ``device`` (``with_physical_batch``); with
     ``fit_physical_batch`` a plan's own is capped at that too (a node, whose plan comes from
-    the server, never computes more at once than its memory holds). ``loss_fn``: the mean
-    loss of a batch (a user's task's ``loss``).
+    the server, never computes more at once than its memory holds).
+    ``augment``: augmentation multiplicity (``fedpriv.dpsgd.augmentation``; the events are
+    unchanged), its generator the caller's, drawn for this round. ``loss_fn``: the mean loss
+    of a batch (a user's task's ``loss``).
     """
     if num_examples is None:
         num_examples = len(labels)
@@ -119,7 +126,7 @@ def train_round(
     model.to(device)
     features, labels = features.to(device), labels.to(device)
     config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch,
-                                 loss_fn).dpsgd_config(num_examples)
+                                 augment, loss_fn).dpsgd_config(num_examples)
     if secure:
         config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
     else:
@@ -135,6 +142,7 @@ def train_round(
         noise_generator=noise,
         progress=progress,
         expected_lot_size=config.sample_rate * num_examples,
+        augment=augment,
         loss_fn=loss_fn,
     )
 

@@ -19,6 +19,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_app import app as dpsgd_app
+from fedpriv.certificates import write_consortium
 from fedpriv.federation.policy import load_policy
 from fedpriv.node import init, recorded_id
 from fedpriv.privacy import PrivacyLedger
@@ -47,6 +48,13 @@ def initialised(config: dict[str, Any]) -> dict[str, Any]:
     if recorded_id(policy) is None:
         init(policy)
     return config
+
+
+def consortium(folder: Path, partitions: int) -> list[dict[str, str]]:
+    """The policy keys of ``partitions`` nodes of one consortium: its CA (made in ``folder``
+    once) and each node's identity certified by it (``fedpriv.certificates``)."""
+    ca = write_consortium(folder, [f"node{i}" for i in range(partitions)])
+    return [{"secagg-ca": str(ca), "secagg-identity": str(folder / f"node{i}")} for i in range(partitions)]
 
 
 def booked(state_dir: Path) -> dict[str, dict]:

@@ -15,7 +15,7 @@ from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, PoissonSamp
 from fedpriv.secagg.stages import RECORD_KEY, Stage
 from server.run import run_server
 from server.state import ServerState
-from tests.flower.inprocess import InProcessGrid, booked, node_config
+from tests.flower.inprocess import InProcessGrid, booked, consortium, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -29,9 +29,11 @@ def _config(data_dir, **overrides):
 
 
 def _nodes(tmp_path, data_dir, policies):
+    """In-process nodes with ``policies``, all of one consortium (a CA, an identity each)."""
+    members = consortium(tmp_path / "consortium", len(policies))
     return {10 + i: node_config(i, len(policies), tmp_path, **{
         "epsilon-budget": 1e6, "public-num-examples": True, "data-dir": str(data_dir), "randomness": "seeded",
-        "seed": 11 + i, "allow-distributed": True, **policy}) for i, policy in enumerate(policies)}
+        "seed": 11 + i, "allow-distributed": True, **members[i], **policy}) for i, policy in enumerate(policies)}
 
 
 def _ddg(events) -> DistributedDiscreteGaussianEvent:

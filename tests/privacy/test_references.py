@@ -20,7 +20,7 @@ from fedpriv.privacy import (
     epsilon_of,
     make_accountant,
 )
-from fedpriv.privacy.abadi import strong_composition_epsilon
+from simulations.accountants import strong_composition_epsilon
 
 ABADI = dict(sigma=4.0, q=0.01, steps=10_000, delta=1e-5)
 
@@ -56,7 +56,7 @@ def test_abadi_example():
     rdp = epsilon_of(event, ABADI["delta"], "rdp")
     assert rdp == pytest.approx(1.04, abs=0.01) and rdp <= 1.26  # 1.26: the paper's 2016 conversion
     assert epsilon_of(event, ABADI["delta"], "pld") == pytest.approx(0.95, abs=0.01)
-    # The paper's 9.34 is not a sound bound (see fedpriv.privacy.abadi); the sound one is larger.
+    # The paper's 9.34 is not a sound bound (see simulations.accountants); the sound one is larger.
     paper = strong_composition_epsilon(sigma=4.0, sample_rate=0.01, steps=10_000, delta=1e-5)
     assert paper == pytest.approx(9.34, abs=0.005)
     assert epsilon_of(event, ABADI["delta"], "advanced") == pytest.approx(16.84, abs=0.05)

@@ -2,7 +2,8 @@
 replies or lies: ``lose[stage]`` are nodes whose reply to that stage never arrives,
 ``request(stage, node, config)`` may rewrite what the server sends, ``reply(stage, node,
 reply)`` what a (malicious) node answers. ``received`` is everything the server got;
-``neighbours`` is SecAgg+'s k (nodes then accept k neighbours unless ``requirements`` say)."""
+``neighbours`` is SecAgg+'s k (nodes then accept k neighbours unless ``requirements`` say);
+``settings(node)`` the settings each node computes its vector under."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fedpriv.secagg import (
     SecureAggregation,
     SecureSumResult,
     Stage,
+    Vector,
     answer,
     graph,
 )
@@ -45,7 +47,8 @@ class Round:
 def simulate(n: int, d: int, *, bits: int = 32, threshold: int | None = None,
              requirements: Requirements | None = None, vectors: Mapping[int, np.ndarray] | None = None,
              lose: Mapping[Stage, set[int]] | None = None, request: Hook | None = None, reply: Hook | None = None,
-             round_key: str = "run/round-1", seed: int = 0, neighbours: int = 0) -> Round:
+             round_key: str = "run/round-1", seed: int = 0, neighbours: int = 0,
+             settings: Callable[[int], dict[str, Any]] = lambda u: {}) -> Round:
     nodes = list(range(11, 11 + n))
     rng = np.random.default_rng(seed)
     inputs = dict(vectors) if vectors is not None else {
@@ -63,9 +66,9 @@ def simulate(n: int, d: int, *, bits: int = 32, threshold: int | None = None,
             if request is not None:
                 config = request(stage, u, config)
 
-            def contribute(info: Any, u: int = u) -> np.ndarray:
+            def contribute(info: Any, u: int = u) -> Vector:
                 out.contributed.add(u)
-                return inputs[u]
+                return Vector(inputs[u], settings(u))
             try:
                 answered = answer(states[u], req, u, config, contribute)
             except SecAggRefusal as err:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
-from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, answer, keys, prg
+from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, Vector, answer, keys, prg
 from fedpriv.secagg.server import SecureAggregation
 from tests.secagg.simulate import simulate
 
@@ -48,7 +48,7 @@ class Honest:
         self.agg.receive({u: self.ask(u, c) for u, c in configs.items()})
 
     def ask(self, u: int, config: dict[str, Any]) -> dict[str, Any]:
-        return answer(self.states[u], self.req, u, config, lambda info: self.x[u])
+        return answer(self.states[u], self.req, u, config, lambda info: Vector(self.x[u], {}))
 
 
 def refused(server: Honest, u: int, config: dict[str, Any], why: str) -> None:
@@ -129,7 +129,8 @@ def test_split_lists_cannot_rebuild_both_secrets_of_one_node() -> None:
     sk1 = keys.private_key(combine_shares([shares[u][3] for u in (4, 5, 6)]))  # sk1 of node 1 (first dead)
     x = masked_1 - prg.mask(seed, "private", "r", D, 32)
     for v in (2, 3, 4, 5, 6):
-        pairwise = prg.mask(keys.mask_key(sk1, keys.public_key(server.agg.pk1[v])), "pairwise", "r", D, 32)
+        key = keys.mask_key(sk1, keys.public_key(server.agg.pk1[v]), server.agg.settings[1])
+        pairwise = prg.mask(key, "pairwise", "r", D, 32)
         x = x - pairwise if 1 > v else x + pairwise
     assert not np.array_equal(prg.reduce(x, 32), server.x[1]), "the server unmasked node 1's vector alone"
 

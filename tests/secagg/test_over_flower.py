@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.secure_sum import answer_stage
-from fedpriv.secagg import RECORD_KEY, Requirements, StageInfo
+from fedpriv.secagg import RECORD_KEY, Requirements, StageInfo, Vector
 from server.secure_sum import secure_sum
 from tests.flower.inprocess import InProcessGrid
 from tests.flower.metadata import set_metadata
@@ -27,10 +27,10 @@ def known_vector(node: int) -> np.ndarray:
     return (np.arange(D, dtype=np.uint64) * node * 2_654_435_761 + node) % (1 << BITS)
 
 
-def contribute(msg: Message, context: Context, info: StageInfo) -> tuple[np.ndarray, RecordDict]:
+def contribute(msg: Message, context: Context, info: StageInfo) -> tuple[Vector, RecordDict]:
     assert msg.content.config_records["plan"]["round"] == 3
     seen[context.node_id] = info
-    return known_vector(context.node_id), RecordDict({"booked": ConfigRecord({"node": context.node_id})})
+    return Vector(known_vector(context.node_id), {}), RecordDict({"booked": ConfigRecord({"node": context.node_id})})
 
 
 app = ClientApp()

@@ -58,6 +58,6 @@ def test_the_recorded_round_decodes_to_the_exact_sum() -> None:
     assert np.array_equal(r.result.sum, r.true_sum(32))
     stages = {stage for stage, _, _ in r.received}
     assert stages == set(Stage)
-    assert all(set(reply) <= {"pk1", "pk2", "pk3", "destinations", "ciphertexts", "commitment", "masked", "signature",
-                                   "ids", "shares"}
+    assert all(set(reply) <= {"pk1", "pk2", "pk3", "destinations", "ciphertexts", "commitment", "masked", "settings",
+                              "signature", "ids", "shares"}
                for _, _, reply in r.received)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
 
-from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, answer, graph
+from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, Vector, answer, graph
 from fedpriv.secagg.server import SecureAggregation
 from tests.secagg.simulate import Round, simulate
 from tests.secagg.test_server_view import check_masked_vectors
@@ -83,7 +83,8 @@ def test_full_graph_when_k_is_zero_or_reaches_the_cohort() -> None:
         configs: dict[tuple[Stage, int], dict[str, Any]] = {}
         r = simulate(6, D, neighbours=k, requirements=Requirements(2, 2, 0), request=recorder(configs))
         assert np.array_equal(r.result.sum, r.true_sum(32))
-        assert all(set(c) == {"stage", "ids", "pk1", "pk2", "pk3"} and c["ids"] == sorted(r.vectors)
+        assert all(set(c) == {"stage", "ids", "pk1", "pk2", "pk3", "certificates", "keys-signatures"}
+                   and c["ids"] == sorted(r.vectors)
                    for (s, _), c in configs.items() if s is Stage.SHARE_KEYS)
 
 
@@ -163,7 +164,7 @@ class Sparse:
             self.agg.receive({u: self.ask(u, c) for u, c in self.agg.requests().items()})
 
     def ask(self, u: int, config: dict[str, Any]) -> dict[str, Any]:
-        return answer(self.states[u], self.req, u, config, lambda info: np.zeros(D, dtype=np.uint64))
+        return answer(self.states[u], self.req, u, config, lambda info: Vector(np.zeros(D, dtype=np.uint64), {}))
 
 
 def test_a_node_refuses_survivors_with_fewer_than_t_of_its_group() -> None:

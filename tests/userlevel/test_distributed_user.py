@@ -19,11 +19,12 @@ from flwr.app import Message, RecordDict
 import clients.userlevel_distributed as node_side
 from clients.client_app import app as real_app
 from clients.secure_sum import answer_stage, is_secure_sum
+from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.accountants.rdp import ORDERS
 from fedpriv.privacy.events import DistributedDiscreteGaussianEvent, PoissonSampledEvent
-from fedpriv.secagg import Requirements
+from fedpriv.secagg import Requirements, Vector
 from fedpriv.seeding import derive_seed
 from server.run import run_server
 from server.state import ServerState
@@ -44,7 +45,7 @@ def _run_config(data_dir, state, nodes, cohort, rounds, **extra):
 
 def _policy(data_dir, i, **policy):
     return {"epsilon-budget": 100.0, "public-num-examples": True, "data-dir": str(data_dir), "randomness": "seeded",
-            "seed": 11 + i, "allow-distributed": True, **policy}
+            "seed": 11 + i, "allow-distributed": True, "trust-server-cohort": True, **policy}
 
 
 class Spy:
@@ -238,14 +239,20 @@ def _same(event: DistributedDiscreteGaussianEvent, expected: DistributedDiscrete
 HONEST, SYBILS = 3, 2
 
 
+def _noiseless(msg: Message, context, stage) -> tuple[Vector, RecordDict]:
+    """The server's node's vector: zeros, under the round's settings as the honest nodes compute them."""
+    config = msg.content.config_records[protocol.CONFIG]
+    _, settings = node_side.user_encoding(node_side.read_user_round(msg, context), config, stage, None)
+    return Vector(np.zeros(stage.dimension, dtype=np.uint64), settings), RecordDict()
+
+
 def _sybil_app(honest: int):
     """The real ClientApp for the first ``honest`` nodes; the server's own nodes (the rest)
     answer QUERY as real nodes, and every secure-sum stage with no noise at all (zeros)."""
     def app(msg: Message, context) -> Message:
         if context.node_id - 10 < honest or not is_secure_sum(msg):
             return real_app(msg, context)
-        content = answer_stage(msg, context, Requirements(min_cohort=1, min_survivors=1, max_colluders=0),
-                               lambda m, c, stage: (np.zeros(stage.dimension, dtype=np.uint64), RecordDict()))
+        content = answer_stage(msg, context, Requirements(min_cohort=1, min_survivors=1, max_colluders=0), _noiseless)
         return Message(content, reply_to=msg)
     return app
 
@@ -321,7 +328,7 @@ def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_a
     for the default model's d, c = scale); z calibrated: the smallest 3-digit share whose
     rounds end at the target, so one unit less in the share's third digit overshoots."""
     from fedpriv.distributed.lattice import fine_scale
-    from fedpriv.privacy.planner import Federation, plan
+    from fedpriv.planning import Federation, plan
     from fedpriv.training import default_plan
 
     d = sum(t.numel() for t in build_model(default_plan("mnist").model, 0).state_dict().values())

@@ -1,4 +1,4 @@
-"""The planner (``fedpriv.privacy.planner``, ``python -m fedpriv.privacy plan``): its local
+"""The planner (``fedpriv.planning``, ``python -m fedpriv.privacy plan``): its local
 σ is the one a run then uses and its ε per round the ledgers' after that run; its user-level
 z and trajectory are dp-accounting's; it reads nothing and answers fast."""
 
@@ -11,10 +11,10 @@ from dp_accounting.rdp import RdpAccountant
 
 from clients.task import local_data
 from fedpriv.federation.settings import RunSettings
+from fedpriv.planning import Federation, plan
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.__main__ import main
 from fedpriv.privacy.accountants.rdp import ORDERS
-from fedpriv.privacy.planner import Federation, plan
 from server.assign import Assigner
 from server.discovery import ClientInfo
 from server.run import run_server

@@ -1,6 +1,5 @@
-"""The planner's columns say what they count: the distributed column's rounds are DP-SGD
-steps (one each), so its table cells and ε rows are read at the same training as local
-mode's rounds, and each record-level column gives the DP-SGD steps it affords."""
+"""The planner's columns say what they count: the distributed column's rounds are a run's
+rounds, DP-SGD steps (one each), and each record-level column gives the DP-SGD steps it affords."""
 
 import re
 
@@ -8,9 +7,9 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
+from fedpriv.planning import Federation, plan
 from fedpriv.privacy.__main__ import main
 from fedpriv.privacy.accountants.rdp import ORDERS
-from fedpriv.privacy.planner import Federation, plan
 
 DELTA, TARGET, ROUNDS = 1e-5, 5.0, 50
 SHAPE = ["--population", "1000", "--cohort", "100", "--rounds", str(ROUNDS), "--records-per-client", "60",
@@ -39,24 +38,23 @@ def test_local_counts_rounds_of_round_one_over_q_steps_and_the_steps_they_afford
     assert local["steps_affordable"] == rounds * per_round
 
 
-def test_distributed_counts_its_rounds_of_one_step_each_for_local_modes_training(result):
-    local, dist = result["modes"]["local"], result["modes"]["distributed"]
-    assert dist["steps_per_round"] == 1 and dist["rounds"] == ROUNDS * local["steps_per_round"] == len(dist["epsilon"])
+def test_distributed_counts_the_runs_rounds_as_its_dp_sgd_steps_one_each(result):
+    """``--rounds`` is what a distributed run reads it as: DP-SGD steps, one a round."""
+    dist = result["modes"]["distributed"]
+    assert (dist["steps_per_round"], dist["rounds"], len(dist["epsilon"])) == (1, ROUNDS, ROUNDS)
     assert dist["steps_affordable"] == dist["rounds_affordable"] >= dist["rounds"]
     user = result["modes"]["user"]
     assert (user["rounds"], user["steps_per_round"], user["steps_affordable"]) == (ROUNDS, None, None)
 
 
-def test_the_table_reads_the_distributed_column_at_local_modes_training_and_names_its_steps(capsys):
+def test_the_table_gives_each_columns_steps_per_round_and_the_steps_they_afford(capsys):
     assert main(["plan", "--privacy", "local", "--privacy", "distributed", *SHAPE]) == 0
     rows = {label: cells for label, *cells in (re.split(r"\s{2,}", line) for line in
                                                capsys.readouterr().out.splitlines()[1:])}
-    assert rows["DP-SGD steps per round"] == ["15", "1"] and rows["rounds planned"] == ["50", "750"]
+    assert rows["DP-SGD steps per round"] == ["15", "1"] and rows["rounds planned"] == ["50", "50"]
     assert rows["DP-SGD steps affordable"][0] == "750"
-    local_end, dist_end = map(float, rows["epsilon after round 50 (distributed: 750)"])
-    assert local_end <= TARGET and 0.99 * TARGET <= dist_end <= TARGET  # both columns at the end of training
-    local_first, dist_first = map(float, rows["epsilon after round 1 (distributed: 15)"])
-    assert dist_first == pytest.approx(local_first, rel=0.01)  # one round's 15 steps, σ within 0.2 %
+    local_end, dist_end = map(float, rows["epsilon after round 50"])
+    assert local_end <= TARGET and 0.99 * TARGET <= dist_end <= TARGET  # both calibrated for their 50 rounds
 
 
 def test_the_printed_user_column_is_dp_accountings_smallest_sigma_and_its_epsilon(capsys):

@@ -14,9 +14,9 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.models import build_model
+from fedpriv.planning import Federation, plan
 from fedpriv.privacy import GaussianEvent, PoissonSampledEvent, PrivacyLedger, calibrate_noise_multiplier
 from fedpriv.privacy.charge import Charge
-from fedpriv.privacy.planner import Federation, plan
 from fedpriv.seeding import derive_seed
 from server.run import run_server
 from server.state import ServerState

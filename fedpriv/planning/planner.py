@@ -1,6 +1,8 @@
 """The planner: for a federation's shape, each privacy mode's noise, ε per round, the rounds
 a budget affords and the aggregate's noise-to-signal, side by side. It reads no data and
-no ledger (``python -m fedpriv.privacy plan``; ``simulations.mnist --dry-run``).
+no ledger (``python -m fedpriv.planning``, also ``python -m fedpriv.privacy plan``;
+``simulations.mnist --dry-run``). It sits above ``training`` and ``distributed`` (whose
+setup it calls, as the server does), so accounting (``fedpriv.privacy``) stays the bottom layer.
 
 One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
 
@@ -16,18 +18,20 @@ One function per mode (``PLANNERS``), each ``(Federation) -> dict``:
   else m/20 to calibrate and max(m/20, z) to book).
 - ``user-distributed``: user level with the clients' noise shares under SecAgg+
   (``server.userlevel_distributed``): the same q, ``distributed_user_round_event`` for the
-  nominal ⌊m⌋ shares carrying z·c on the lattice of S = 1 for the data set's default model
-  (Δ₂/c ≤ 1.001 whatever S), z calibrated on it by ``calibrate_distributed_noise``.
-- ``distributed``: one DP-SGD step per round on the union (``fedpriv.distributed.setup``, what
-  the server runs: q = lot / ΣN, the lattice, σ for the nominal cohort of ``cohort`` shares
-  under Zhu & Wang's subsampling bound), over as many steps as local mode takes in
-  ``rounds`` rounds, so the two columns compare the same training: its rounds are steps
-  (``rounds`` = local mode's steps per round × ``Federation.rounds``).
+  nominal ⌊m⌋ shares carrying z·c on the lattice of ``user_clip`` S for ``model``, z
+  calibrated on it by ``calibrate_distributed_noise``.
+- ``distributed``: one DP-SGD step per round on the union, set up by the server's own
+  ``fedpriv.distributed.setup.distributed_setup`` with what the server gives it: the plan of
+  ``model`` and ``max_grad_norm``, q = lot / Σ min(N, cap) (``training.plan.size_cap``), the
+  nominal cohort K = every client, ``rounds`` steps, σ as given (a fixed σ is kept, never
+  re-calibrated) or calibrated for the target, and without ``lot_size`` the large lot the run
+  takes then (``large_lot``: ΣN / 3, three steps an epoch).
 
-Each mode counts its own rounds: ``rounds`` (planned), ``epsilon`` (ε after each),
-``rounds_affordable`` (count-only rounds included); ``steps_per_round`` (DP-SGD steps, None for user level) and
-``steps_affordable`` (= rounds affordable × steps per round) put the record-level modes
-on one scale, and the table's ε rows compare them at the same training (``table``).
+Each mode counts its own rounds: ``rounds`` (planned: a run's ``--rounds``, which distributed
+mode reads as DP-SGD steps), ``epsilon`` (ε after each), ``rounds_affordable`` (count-only
+rounds included); ``steps_per_round`` (DP-SGD steps, None for user level) and
+``steps_affordable`` (= rounds affordable × steps per round) put the record-level modes on
+one scale.
 
 Noise-to-signal is the std of the noise in the aggregated update, per coordinate, in units
 of one contribution's bound (C per example for the record-level modes, per DP-SGD step; S
@@ -36,7 +40,6 @@ per client for user level, per round), for a cohort of clients of the mean size.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +56,8 @@ from fedpriv.privacy.userlevel import (
     distributed_user_round_event,
     user_round_event,
 )
+from fedpriv.training import TrainingPlan, calibrate_plan, default_plan
+from fedpriv.training.plan import shared_plan, size_cap
 
 MAX_ROUNDS = 1_000_000
 """The most rounds ``rounds_affordable`` looks for."""
@@ -75,8 +80,12 @@ class Federation:
     accountant: AccountantKind = AccountantKind.RDP
     count_rounds: int = 0
     count_noise: float | None = None
-    dimension: int | None = None
-    """The model's parameter count (None: the data set's model's; a user's task gives its own)."""
+    model: str | None = None
+    max_grad_norm: float | None = None
+    user_clip: float = 1.0
+    lattice_rounding: str = "nearest"
+    model_dimension: int | None = None
+    """The planned model's parameter count where ``fedpriv.models`` cannot build it (a user's task)."""
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.rounds < 1 or self.local_epochs < 1:
@@ -100,6 +109,20 @@ class Federation:
     def expected_cohort(self) -> int:
         """Clients per round (all when unset)."""
         return self.population if self.cohort is None else self.cohort
+
+    def training_plan(self, **overrides: Any) -> TrainingPlan:
+        """The data set's default plan with this federation's overrides (``server.assign.base_plan``'s)."""
+        return default_plan(self.dataset, model=self.model, max_grad_norm=self.max_grad_norm, lot_size=self.lot_size,
+                            local_epochs=self.local_epochs, noise_multiplier=self.noise_multiplier, **overrides)
+
+    @property
+    def dimension(self) -> int:
+        """The number of parameters of the planned model (torch: the distributed modes' lattice)."""
+        if self.model_dimension is not None:
+            return self.model_dimension
+        from fedpriv.models import build_model
+
+        return sum(t.numel() for t in build_model(self.training_plan().model, 0).state_dict().values())
 
 
 Warmup = tuple[DpEvent, int]
@@ -175,13 +198,10 @@ def plan_user_distributed(fed: Federation) -> dict[str, Any]:
     (given, or calibrated for ``rounds`` rounds)."""
     from fedpriv.distributed.lattice import Rounding
     from fedpriv.distributed.setup import user_level_lattice
-    from fedpriv.models import build_model
-    from fedpriv.training import default_plan
 
-    q, shares = fed.expected_cohort / fed.population, fed.expected_cohort
-    dimension = fed.dimension or \
-        sum(t.numel() for t in build_model(default_plan(fed.dataset).model, 0).state_dict().values())
-    lattice = user_level_lattice(1.0, dimension, Rounding.NEAREST, fed.population, fed.noise_multiplier or 0.0)
+    q, shares, dimension = fed.expected_cohort / fed.population, max(1, fed.expected_cohort), fed.dimension
+    lattice = user_level_lattice(fed.user_clip, dimension, Rounding(fed.lattice_rounding), fed.population,
+                                 fed.noise_multiplier or 0.0)
     z = fed.noise_multiplier
     if z is None:
         assert fed.target_epsilon is not None  # Federation checked it
@@ -203,11 +223,7 @@ def plan_local(fed: Federation) -> dict[str, Any]:
     of the fewest records (the largest q with a per-client lot) is the one reported."""
     if not fed.sizes:
         return {"mode": "local", "available": False, "reason": "needs --records-per-client or --data-sizes"}
-    from fedpriv.training import calibrate_plan, default_plan
-    from fedpriv.training.plan import shared_plan
-
-    plan = default_plan(fed.dataset, lot_size=fed.lot_size, local_epochs=fed.local_epochs,
-                        noise_multiplier=fed.noise_multiplier, lr_decay_rounds=fed.rounds)
+    plan = fed.training_plan(lr_decay_rounds=fed.rounds)
     if fed.lot_size is None:
         plan = shared_plan(plan, fed.sizes)
     n = min(fed.sizes)
@@ -224,26 +240,25 @@ def plan_local(fed: Federation) -> dict[str, Any]:
 
 
 def plan_distributed(fed: Federation) -> dict[str, Any]:
-    """Distributed DP (SecAgg and integer noise shares), set up as ``server.distributed`` sets
-    it up, for local mode's number of DP-SGD steps; its rounds are those steps, one each."""
+    """Distributed DP (SecAgg and integer noise shares), set up by ``distributed_setup`` as
+    ``server.distributed`` sets it up; its rounds are DP-SGD steps, one each."""
     if not fed.sizes:
         return {"mode": "distributed", "available": False, "reason": "needs --records-per-client or --data-sizes"}
+    from fedpriv.distributed.lattice import Rounding
     from fedpriv.distributed.setup import distributed_setup
-    from fedpriv.dpsgd.config import steps_per_epoch
-    from fedpriv.training import default_plan
 
-    plan = default_plan(fed.dataset, lot_size=fed.lot_size, noise_multiplier=fed.noise_multiplier)
-    total = sum(fed.sizes)
-    steps = fed.rounds * fed.local_epochs * steps_per_epoch(min(1.0, plan.lot_size / total))
-    setup = distributed_setup(plan, total, fed.expected_cohort, steps, fed.target_epsilon, fed.delta,
-                              dimension=fed.dimension)
+    cap = size_cap(fed.sizes)
+    total = sum(min(n, cap) for n in fed.sizes)
+    target = fed.target_epsilon if fed.noise_multiplier is None else None  # a given σ is the run's
+    setup = distributed_setup(fed.training_plan(), total, fed.population, fed.rounds, target, fed.delta,
+                              Rounding(fed.lattice_rounding), released=fed.sizes, choose_lot=fed.lot_size is None,
+                              dimension=fed.model_dimension)
     (round_event,) = setup.events
     sigma = setup.plan.noise_multiplier
-    steps_fed = dataclasses.replace(fed, rounds=steps)
-    return _mode(steps_fed, "distributed", round_event, sigma, setup.sample_rate,
-                 sigma / (setup.sample_rate * total), 1, shares=fed.expected_cohort,
+    return _mode(fed, "distributed", round_event, sigma, setup.sample_rate, sigma / (setup.sample_rate * total), 1,
+                 shares=fed.population, lot_size=setup.plan.lot_size,
                  sensitivity_inflation=setup.lattice.sensitivity / setup.lattice.clip,
-                 unit="C per example, per DP-SGD step (one step per round)")
+                 modulus_bits=setup.lattice.modulus_bits, unit="C per example, per DP-SGD step (one step per round)")
 
 
 PLANNERS: dict[str, Callable[[Federation], dict[str, Any]]] = {
@@ -259,20 +274,16 @@ def plan(fed: Federation, modes: Sequence[str] = tuple(PLANNERS)) -> dict[str, A
                        "noise_multiplier": fed.noise_multiplier, "lot_size": fed.lot_size,
                        "local_epochs": fed.local_epochs, "clients_with_sizes": len(fed.sizes),
                        "accountant": fed.accountant.value, "count_only_rounds": fed.count_rounds,
-                       "clip_count_noise": fed.count_noise},
+                       "clip_count_noise": fed.count_noise, "model": fed.training_plan().model,
+                       "max_grad_norm": fed.training_plan().max_grad_norm, "user_clip": fed.user_clip,
+                       "lattice_rounding": fed.lattice_rounding},
         "modes": {mode: PLANNERS[mode](fed) for mode in modes},
     }
 
 
-def _per_round(m: dict[str, Any], rounds: int) -> int:
-    """A mode's own rounds per round of the federation's ``rounds`` (distributed: its steps)."""
-    return len(m["epsilon"]) // rounds
-
-
 def table(result: dict[str, Any]) -> str:
-    """The plan as text: one column per mode, each counting its own rounds; the ε rows are
-    after round r of ``--rounds``, which is round r·k of a mode doing k rounds per round
-    (distributed, one DP-SGD step each: named in the row)."""
+    """The plan as text: one column per mode, each counting its own rounds (distributed: one
+    DP-SGD step each); the ε rows are after round r of ``--rounds``."""
     modes = list(result["modes"].values())
     rounds = result["federation"]["rounds"]
 
@@ -293,29 +304,23 @@ def table(result: dict[str, Any]) -> str:
             ["DP-SGD steps affordable", *(cell(m, "steps_affordable") for m in modes)],
             ["noise-to-signal", *(cell(m, "noise_to_signal") for m in modes)]]
     marks = sorted({1, rounds, *range(max(1, rounds // 4), rounds + 1, max(1, rounds // 4))})
-    scaled = [(m["mode"], k) for m in modes if m["available"] and (k := _per_round(m, rounds)) != 1]
-    rows += [[f"epsilon after round {r}" + "".join(f" ({name}: {r * k})" for name, k in scaled),
-              *(f"{m['epsilon'][r * _per_round(m, rounds) - 1]:.4g}" if m["available"] else "-" for m in modes)]
+    rows += [[f"epsilon after round {r}", *(f"{m['epsilon'][r - 1]:.4g}" if m["available"] else "-" for m in modes)]
              for r in marks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """ε per round of each available mode, to ``path`` (PNG); a mode doing k of its rounds per
-    round of ``--rounds`` (distributed) is drawn at its round / k."""
+    """ε per round of each available mode, to ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rounds = result["federation"]["rounds"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in result["modes"].values():
         if m["available"]:
-            k = _per_round(m, rounds)
-            label = m["mode"] if k == 1 else f"{m['mode']} ({k} rounds of one DP-SGD step per round)"
-            ax.plot([i / k for i in range(1, len(m["epsilon"]) + 1)], m["epsilon"], label=label)
+            ax.plot(range(1, len(m["epsilon"]) + 1), m["epsilon"], label=m["mode"])
     target = result["federation"]["target_epsilon"]
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", label="target")

@@ -1,0 +1,99 @@
+"""A flag the chosen privacy mode does not use is an error (one line, exit 2, naming the flag
+and the mode), from one table (``fedpriv.federation.modes``); and what the table says a mode
+ignores, the run indeed ignores."""
+
+import pytest
+
+from fedpriv.federation import modes
+from simulations._cli import federated_parser, run_config_defaults
+from simulations._command import check_mode_flags
+from simulations.mnist import main as mnist
+
+VALUES = {"max-grad-norm": "1.0", "local-epochs": "2", "fraction-train": "0.5", "lattice-rounding": "conditional",
+          "secagg-neighbours": "2", "cohort": "2", "user-clip": "0.5", "user-noise": "central",
+          "clip-quantile": "0.5", "clip-lr": "0.2", "clip-count-noise": "2", "clip-warmup-rounds": "1",
+          "clip-warmup-lr": "1"}
+MODE_FLAGS = {modes.LOCAL: ["--privacy", "local"], modes.DISTRIBUTED: ["--privacy", "distributed"],
+              modes.USER_CENTRAL: ["--privacy", "user"],
+              modes.USER_DISTRIBUTED: ["--privacy", "user", "--user-noise", "distributed"]}
+
+
+def _flags(key: str, mode: str) -> list[str]:
+    value = [] if key == "accept-failures" else [VALUES[key]]
+    user_noise = ["--user-noise", "distributed"] if key == "user-noise" and mode == modes.USER_DISTRIBUTED else []
+    return MODE_FLAGS[mode] + ([f"--{key}", *value] if not user_noise else []) + user_noise
+
+
+@pytest.mark.parametrize(("argv", "flag", "mode"), [
+    (["--cohort", "5"], "--cohort", "--privacy local"),
+    (["--privacy", "distributed", "--local-epochs", "2"], "--local-epochs", "--privacy distributed"),
+    (["--privacy", "user", "--fraction-train", "0.5"], "--fraction-train", "--privacy user"),
+    (["--privacy", "distributed", "--no-accept-failures"], "--no-accept-failures", "--privacy distributed"),
+    (["--privacy", "user", "--max-grad-norm", "1"], "--max-grad-norm", "--privacy user"),
+])
+def test_the_issues_commands_exit_2_with_one_line_naming_the_flag_and_the_mode(argv, flag, mode, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        mnist([*argv, "--noise-multiplier", "1", "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"python -m simulations.mnist: error: argument {flag}: {mode}"), line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", sorted(modes.USED_BY))
+def test_each_mode_accepts_exactly_the_flags_the_table_gives_it(key, capsys):
+    parser = federated_parser("mnist")
+    for mode in modes.MODES:
+        args = parser.parse_args(_flags(key, mode))
+        if mode in modes.USED_BY[key]:
+            check_mode_flags(parser, args)
+        else:
+            with pytest.raises(SystemExit):
+                check_mode_flags(parser, args)
+            assert f"argument --{key}: {modes.DESCRIPTIONS[mode]} does not use it" in capsys.readouterr().err
+
+
+def test_unset_flags_and_the_default_mode_pass():
+    parser = federated_parser("mnist")
+    check_mode_flags(parser, parser.parse_args([]))
+    assert modes.mode_of(run_config_defaults()["privacy"], run_config_defaults()["user-noise"]) == modes.LOCAL
+
+
+def test_the_table_names_real_run_config_keys_and_modes():
+    defaults = run_config_defaults()
+    flags = {a.dest for a in federated_parser("mnist")._actions}
+    for key, used in modes.USED_BY.items():
+        assert key in defaults and key.replace("-", "_") in flags and used <= set(modes.MODES) and used
+    with pytest.raises(ValueError):
+        modes.mode_of("central", "central")
+
+
+@pytest.mark.parametrize(("mode", "key", "values"), [
+    (modes.DISTRIBUTED, "local-epochs", (1, 2)),
+    (modes.USER_CENTRAL, "max-grad-norm", (0.0, 0.01)),
+    (modes.USER_CENTRAL, "fraction-train", (1.0, 0.5)),
+])
+def test_what_the_table_calls_unused_leaves_the_run_unchanged(mode, key, values, tmp_path, shared_data_dir,
+                                                             task_identity, one_torch_thread):
+    """The same seeded run with either value of ``key``: the same model and ledgers (what the
+    table refuses would otherwise be silently ignored)."""
+    from server.run import run_server
+    from tests.flower.inprocess import InProcessGrid, booked, node_config
+
+    privacy = {modes.DISTRIBUTED: {"privacy": "distributed"},
+               modes.USER_CENTRAL: {"privacy": "user", "server-randomness": "seeded", "user-clip": 0.05}}[mode]
+    outcomes = []
+    for value in values:
+        root = tmp_path / str(value)
+        config = {"rounds": 1, "min-clients": 2, "limit-train": 40, "limit-test": 20, "model": "mlp", "seed": 3,
+                  "lot-size": 10, "lr": 0.1, "noise-multiplier": 1.0, "data-dir": str(shared_data_dir),
+                  "state-dir": str(root / "server"), **privacy, key: value}
+        nodes = {10 + i: node_config(i, 2, root, **{
+            "epsilon-budget": 100.0, "public-num-examples": True, "data-dir": str(shared_data_dir),
+            "randomness": "seeded", "seed": 5 + i, "allow-distributed": True, "allow-central-user": True,
+            "min-cohort": 2}) for i in range(2)}
+        history = run_server(InProcessGrid(config, nodes), config)
+        entries = {i: [(e.split("/", 1)[1], ev) for e, ev in booked(root / f"node{i}")[str(i)].items()]
+                   for i in range(2)}
+        outcomes.append((history.model_sha256, entries, history.final_epsilon()))
+    assert outcomes[0] == outcomes[1]
