@@ -18,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 BUDGET = 8.0
 MODES = {
     "local": ({}, {}),
-    "distributed": ({"privacy": "distributed", "rounds": 2}, {"allow-distributed": True, "min-cohort": 2}),
+    "distributed": ({"privacy": "distributed", "rounds": 2},
+                    {"allow-distributed": True, "min-cohort": 2, "trust-server-cohort": True}),
     # a participant's own cost of user-level rounds (Gaussian(z/2) per round) is above the
     # population's target: its node's budget must leave room for it (docs/user-level.md)
     "user": ({"privacy": "user", "server-randomness": "seeded"}, {"allow-central-user": True, "epsilon-budget": 50.0}),
