@@ -20,6 +20,7 @@ WORKERS = 2
 CLUSTERS = ("tests/flower/test_deployment.py", "tests/flower/test_deployment_userlevel.py",
             "tests/flower/test_ray_cluster.py", "tests/flower/test_cifar_simulation.py",
             "tests/flower/test_flwr_run.py", "tests/flower/test_simulation.py", "tests/task/test_templates.py",
+            "tests/task/test_flwr_app.py",
             "tests/algorithms/test_classic_command.py::test_federated_across_two_flower_clients")
 """Tests that start a Ray cluster or a Flower deployment (many processes each, mostly
 waiting): one at a time, on one worker; the others fill the second."""
