@@ -34,9 +34,9 @@ def _simulate(app, out, *flags):
 def _check(results, floor):
     assert len(results["rounds"]) == results["settings"]["rounds"]
     assert set(results["node_epsilon"]) == {"0", "1"}
-    assert all(0 < eps <= TARGET for eps in results["node_epsilon"].values())  # each node's own ledger
+    assert all(0 < eps <= TARGET for eps in results["node_epsilon"].values()), results["node_epsilon"]  # own ledger
     assert results["resolved"]["model"] == "task"
-    assert results["final_accuracy"] >= floor
+    assert results["final_accuracy"] >= floor, results["final_accuracy"]
 
 
 @pytest.mark.parametrize("template", ["tabular", "image", "text"])
