@@ -120,7 +120,7 @@ def _flower_client_app(same_seeds: bool = False) -> Any:
 @contextlib.contextmanager
 def _replayed(args: Any, cohorts: list[list[int]]) -> Iterator[None]:
     """Flower's FedAvg samples ``cohorts[r - 1]`` (node ids) in round r, and its wrapper's noise is
-    fedpriv's seeded N(0, 1) stream of that round (``server.userlevel.RoundNoise``: the population's
+    fedpriv's seeded N(0, 1) stream of that round (``fedpriv.federation.userlevel_steps.RoundNoise``: the population's
     uniforms, then each array's normals), scaled by Flower's std zS/k."""
     from unittest import mock
 

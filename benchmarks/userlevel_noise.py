@@ -47,7 +47,7 @@ def _variants(args: Any) -> dict[str, Any]:
 
     from server.run import run_server
     from simulations._flower_private import task_identity
-    from tests.flower.inprocess import InProcessGrid
+    from tests.flower.inprocess import InProcessGrid, consortium
 
     out: dict[str, Any] = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     for noise in args.noise:
@@ -57,10 +57,10 @@ def _variants(args: Any) -> dict[str, Any]:
                       "clip-lr": args.clip_lr, "secagg-neighbours": args.secagg_neighbours,
                       "clip-warmup-rounds": args.clip_warmup_rounds, "clip-warmup-lr": args.clip_warmup_lr}
             nodes = _nodes(args, state)
-            if noise == "distributed":
-                for policy in nodes.values():
+            if noise == "distributed":  # the nodes of one consortium (a CA, an identity each)
+                for policy, member in zip(nodes.values(), consortium(state / "consortium", len(nodes)), strict=True):
                     policy.update({"allow-central-user": False, "allow-distributed": True,
-                                   "min-cohort": args.min_cohort or math.ceil(args.cohort / 2)})
+                                   "min-cohort": args.min_cohort or math.ceil(args.cohort / 2), **member})
                     if args.secagg_neighbours:
                         policy["min-secagg-neighbours"] = args.secagg_neighbours
             start = time.perf_counter()

@@ -20,19 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from fedpriv.dpsgd.noise import secure_normal
-from fedpriv.federation.policy import LOSS_CLIP, NodePolicy, Randomness
+from fedpriv.federation.policy import NodePolicy, Randomness
+from fedpriv.federation.releases import node_noise, noisy_count
 from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_json_atomic
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent, event_from_dict, event_to_dict
 from fedpriv.privacy.store import LedgerStore
-from fedpriv.seeding import generator
 
 
 class Refusal(Exception):
@@ -61,14 +56,6 @@ def data_key(policy: NodePolicy, settings: RunSettings, node_config: Mapping[str
     if settings.task is not None:  # a user's task: its module's name (unset: the key of earlier releases)
         described.append(settings.task)
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
-
-
-def node_noise(policy: NodePolicy, size: int, std: float, *path: int | str) -> torch.Tensor:
-    """``size`` float64 N(0, std²) draws: OS CSPRNG, or the node's seed and ``path``."""
-    if policy.randomness is Randomness.SECURE:
-        return secure_normal(size, std)
-    gen = generator(policy.seed or 0, "release", *path)
-    return torch.randn(size, dtype=torch.float64, generator=gen) * std
 
 
 def book(policy: NodePolicy, client: str, charge: Charge, budget: Budget) -> int:
@@ -105,7 +92,7 @@ def released_size(policy: NodePolicy, settings: RunSettings, node_config: Mappin
         entry = f"release/num-examples/{key}/{secrets.token_hex(4)}"  # one entry per draw
         ordinal = book(policy, client, Charge(entry, events), policy.effective_budget(settings))
         noise = float(node_noise(policy, 1, policy.num_examples_noise, "num-examples", key, ordinal)[0])
-        stored = {"value": max(1, round(num_examples + noise)), "entry": entry,
+        stored = {"value": noisy_count(num_examples, noise), "entry": entry,
                   "events": [event_to_dict(e) for e in events]}
         releases = _read_releases(policy)  # again: another run may have released another partition meanwhile
         releases[key] = stored
@@ -134,22 +121,3 @@ def _read_releases(policy: NodePolicy) -> dict[str, Any]:
         logging.getLogger(__name__).error("%s: %s", policy.releases_path, err)
         reason = (err.strerror or type(err).__name__) if isinstance(err, OSError) else err.msg
         raise LedgerError(f"corrupt releases file {policy.releases_path.name!r}: {reason}") from err
-
-
-@torch.no_grad()
-def noisy_evaluation(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, policy: NodePolicy,
-                     *path: int | str, batch_size: int = 4096) -> dict[str, float]:
-    """(count, correct, clipped loss sum) of ``model`` on the data, each plus N(0, s²)
-    (the loss sum's noise scaled by ``LOSS_CLIP``, its sensitivity)."""
-    model.eval()
-    device = next(model.parameters()).device
-    correct, loss = 0.0, 0.0
-    for start in range(0, len(labels), batch_size):
-        x, y = features[start:start + batch_size].to(device), labels[start:start + batch_size].to(device)
-        logits = model(x)
-        per_example = F.cross_entropy(logits, y, reduction="none")
-        per_example = torch.where(per_example.isfinite(), per_example, LOSS_CLIP).clamp(0, LOSS_CLIP)
-        loss += per_example.sum().item()
-        correct += (logits.argmax(dim=1) == y).sum().item()
-    noise = node_noise(policy, 3, policy.evaluate_noise, "evaluate", *path).tolist()
-    return {"count": len(labels) + noise[0], "correct": correct + noise[1], "loss-sum": loss + LOSS_CLIP * noise[2]}

@@ -29,11 +29,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.partition import Split
-from clients.releases import Refusal, book, missing_data, noisy_evaluation, released_size, stored_size
+from clients.releases import Refusal, book, missing_data, released_size, stored_size
 from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness
+from fedpriv.federation.releases import noisy_evaluation
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import input_shape, model_inputs
 from fedpriv.node import checked_policy

@@ -12,7 +12,6 @@ and sends the bit alone: the delta never leaves the node.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ from clients.task import client_id, loss_function, node_data, received_model, tr
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
+from fedpriv.federation.userlevel_steps import clipped_delta, sent_delta
 from fedpriv.node import checked_policy
 from fedpriv.privacy import Budget
 from fedpriv.privacy.charge import Charge
@@ -74,7 +74,7 @@ def read_user_round(msg: Message, context: Context) -> UserRound:
 
 def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[dict[str, np.ndarray], int]:
     """Train the received model with the plain local plan (after booking: ``ordinal`` is
-    the booking's), and return its delta clipped to S (``clipped_arrays``) and the bit."""
+    the booking's), and return its delta clipped to S and the bit (``userlevel_steps.clipped_delta``)."""
     policy = request.policy
     data = node_data(request.settings, context, policy, model=request.plan.model)
     train_round(
@@ -83,28 +83,12 @@ def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[d
         round_=request.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
         num_examples=request.num_examples, fit_physical_batch=True, loss_fn=loss_function(request.settings),
     )
-    return clipped_arrays(request.before, request.model.cpu().state_dict(), request.clip)
-
-
-def clipped_arrays(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                   clip: float) -> tuple[dict[str, np.ndarray], int]:
-    """(after − before) in float64, scaled to L2 norm ≤ ``clip``, and 1[‖Δ‖ ≤ clip]."""
-    deltas = {name: after[name].detach().cpu().double().numpy() - before[name].double().numpy() for name in before}
-    norm = math.sqrt(sum(float(np.sum(d * d)) for d in deltas.values()))
-    scale = min(1.0, clip / norm) if norm > 0 else 1.0
-    return {name: d * scale for name, d in deltas.items()}, int(norm <= clip)
-
-
-def clipped_delta(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                  clip: float) -> tuple[ArrayRecord, int]:
-    """``clipped_arrays`` cast back to the model's dtypes, as an ArrayRecord."""
-    deltas, under = clipped_arrays(before, after, clip)
-    return delta_record(deltas, before), under
+    return clipped_delta(request.before, request.model.cpu().state_dict(), request.clip)
 
 
 def delta_record(deltas: dict[str, np.ndarray], before: dict[str, torch.Tensor]) -> ArrayRecord:
-    """Float64 ``deltas`` cast to the dtypes of the model ``before``."""
-    return ArrayRecord({name: Array(d.astype(before[name].numpy().dtype)) for name, d in deltas.items()})
+    """Float64 ``deltas`` cast to the dtypes of the model ``before`` (``sent_delta``), as a record."""
+    return ArrayRecord({name: Array(d) for name, d in sent_delta(deltas, before).items()})
 
 
 def train(msg: Message, context: Context) -> RecordDict:

@@ -46,10 +46,9 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fedpriv.dpsgd.csprng import secure_uniform
-from fedpriv.dpsgd.noise import secure_normal
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsError
+from fedpriv.federation.userlevel_steps import RoundNoise, noisy_step
 from fedpriv.privacy import BudgetExceededError, LedgerError
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
@@ -62,7 +61,6 @@ from fedpriv.privacy.userlevel import (
     participant_event,
     user_round_event,
 )
-from fedpriv.seeding import derive_seed
 from server.checks import array_spec
 from server.history import RoundLog, client_order
 from server.state import StateError
@@ -73,22 +71,6 @@ def training_settings(settings: RunSettings) -> RunSettings:
     """The settings the clients' local training is planned from: the plain schedule (no
     per-example clipping or noise; ``noise-multiplier`` and ``target-epsilon`` are z's)."""
     return dataclasses.replace(settings, noise_multiplier=0.0, max_grad_norm=math.inf, target_epsilon=None)
-
-
-class RoundNoise:
-    """The server's draws for one round: seeded (reproducible from the run's seed) or secure."""
-
-    def __init__(self, randomness: ServerRandomness, seed: int, server_round: int) -> None:
-        self.rng = np.random.default_rng(derive_seed(seed, "user-level", server_round)) \
-            if randomness is ServerRandomness.SEEDED else None
-
-    def uniform(self, size: int) -> np.ndarray:
-        return self.rng.random(size) if self.rng is not None else secure_uniform(size).numpy()
-
-    def normal(self, shape: tuple[int, ...], std: float) -> np.ndarray:
-        size = math.prod(shape)
-        draws = self.rng.standard_normal(size) * std if self.rng is not None else secure_normal(size, std).numpy()
-        return draws.reshape(shape)
 
 
 POPULATION, USER_CLIP = "population", "user-clip"
@@ -276,16 +258,13 @@ class UserLevelFedAvg(BudgetedFedAvg):
             round_log.train_metrics["count_only"] = 1
             self.adapt_clip(self.noisy_count(bits), expected, round_log, self.warmup_lr)
             return None, None
-        out = {}
-        for name, array in self._global.items():
-            total = sum((content.array_records[protocol.ARRAYS][name].numpy().astype(np.float64)
-                         for _, content in accepted), np.zeros(array.shape, dtype=np.float64))
-            total += self._noise.normal(tuple(array.shape), self.delta_multiplier * self.clip)
-            updated = array.numpy().astype(np.float64) + total / expected
-            out[name] = Array(updated.astype(array.numpy().dtype))
+        deltas = [{name: a.numpy() for name, a in content.array_records[protocol.ARRAYS].items()}
+                  for _, content in accepted]
+        out = noisy_step({name: a.numpy() for name, a in self._global.items()}, deltas, self._noise,
+                         self.delta_multiplier * self.clip, expected)
         if self.quantile is not None:
             self.adapt_clip(self.noisy_count(bits), expected, round_log, self.clip_lr)
-        return ArrayRecord(out), None
+        return ArrayRecord({name: Array(value) for name, value in out.items()}), None
 
     def open_metrics(self, round_log: RoundLog) -> float:
         """The expected cohort m = q·|P| of the round, logged with S and |P| in its train metrics."""

@@ -183,18 +183,23 @@ def augmentation(
     from that epoch's own stream; each copy goes through the model's feature map (scattering:
     computed per step, uncached) and ``normalise``."""
     from fedpriv.dpsgd.augmentation import Augmentation, random_shift
-    from fedpriv.models import input_shape, model_inputs
+    from fedpriv.features import scattering_features
+    from fedpriv.models import input_shape
     from fedpriv.seeding import generator
 
     if multiplicity == 1:
         return None
     shift = random_shift(SHIFT)
+    image_shape = (images.shape[1], images.shape[2], images.shape[3])
+    shape = input_shape(model, image_shape)
+    scattered = shape != image_shape  # the model takes scattering features (model_inputs), not pixels
 
     def transform(examples: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        inputs = model_inputs(model, shift(examples, gen), cache_dir=False, progress=False)
+        inputs = shift(examples, gen)
+        if scattered:  # uncached and quiet: a new batch of shifted images every step
+            inputs = scattering_features(inputs, progress=False)
         return inputs if normalise is None else normalise(inputs)
 
-    shape = input_shape(model, (images.shape[1], images.shape[2], images.shape[3]))
     return lambda seed: Augmentation(multiplicity, transform, generator(seed, "augmentation", device=images.device),
                                      shape)
 

@@ -87,3 +87,11 @@ def test_a_target_epsilon_covers_the_normalisation(shared_data_dir: Path, capsys
     normalised = centralized.main([*flags, "--private-normalisation", "3"])
     assert 2.9 < normalised["epsilon"] <= 3 and 2.9 < plain["epsilon"] <= 3
     assert normalised["noise_multiplier"] > plain["noise_multiplier"]  # training gets less of the budget
+
+
+def test_augmult_scatters_each_shifted_copy_for_a_scattering_model():
+    images = torch.rand(3, 1, 28, 28)
+    augment = centralized.augmentation(2, "scatter_linear", images, normalise=None)(0)
+    inputs = augment(images)
+    assert inputs.shape == (6, *augment.input_shape) == (6, 81, 7, 7)
+    assert not torch.equal(inputs[0], inputs[1])  # the first image shifted twice (seeded: two different offsets)

@@ -20,6 +20,8 @@ estimates the σ it scores with (``noise_estimate``), rather than trusting the c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,6 +64,20 @@ class CanaryModel(nn.Module):
     def canary_weights(self) -> torch.Tensor:
         """The canary coordinates (m canaries, then the sentinels), detached (a copy)."""
         return self.canary.weight.detach()[0].clone()
+
+
+class Recorder(torch.optim.SGD):
+    """Plain SGD that keeps a copy of the canary weights' gradient before each step: every
+    privatised update the adversary of DP-SGD sees (zeros where the engine set none)."""
+
+    def __init__(self, model: CanaryModel, lr: float) -> None:
+        super().__init__(model.parameters(), lr=lr)
+        self.watched, self.seen = model.canary.weight, list[torch.Tensor]()
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        grad = self.watched.grad
+        self.seen.append(torch.zeros(self.watched.shape[1]) if grad is None else grad.detach()[0].clone())
+        return super().step(closure)
 
 
 def with_canaries(features: torch.Tensor, labels: torch.Tensor, included: torch.Tensor

@@ -15,8 +15,8 @@ stacked copies in one call (the same per-coordinate noise code, n times faster);
 others (k-means, output perturbation, DP-PCA, the evaluation) are called once per run.
 
 Nothing here touches a node's state: the node's releases are drawn with the node's own
-noise code (``clients.releases``) under a policy whose state folder is a fresh temporary
-folder, checked to be still empty afterwards.
+code (``fedpriv.federation.releases``, which ``clients.releases`` books) under a policy
+whose state folder is a fresh temporary folder, checked to be still empty afterwards.
 """
 
 from __future__ import annotations
@@ -276,13 +276,12 @@ NUM_EXAMPLES = 100
 
 
 def _count(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
-    from clients.releases import node_noise
+    from fedpriv.federation.releases import node_noise, noisy_count
 
     def release(state_dir: Path) -> np.ndarray:
         policy = _node_policy(state_dir, gaussian_noise_for(epsilon) * factor, rng)
-        noise = node_noise(policy, n, policy.num_examples_noise, "num-examples", "audit", 0).numpy()
-        # clients.releases.released_size: max(1, round(N + noise)); N vs N + 1
-        return np.maximum(1, np.round(NUM_EXAMPLES + neighbour + noise))
+        noise = node_noise(policy, n, policy.num_examples_noise, "num-examples", "audit", 0).tolist()
+        return np.array([noisy_count(NUM_EXAMPLES + neighbour, z) for z in noise], dtype=float)  # N vs N + 1
 
     return _on_own_copy(release)
 
@@ -314,8 +313,8 @@ def _evaluation_claim(epsilon: float) -> float:
 
 
 def _evaluation(neighbour: int, n: int, rng: np.random.Generator, epsilon: float, factor: float) -> np.ndarray:
-    from clients.releases import noisy_evaluation
     from fedpriv.federation.policy import LOSS_CLIP
+    from fedpriv.federation.releases import noisy_evaluation
 
     def release(state_dir: Path) -> np.ndarray:
         policy = _node_policy(state_dir, _evaluation_noise(epsilon) * factor, rng)
@@ -344,8 +343,10 @@ CASES: dict[str, Case] = {
     "distributed-noise": Case("distributed mode's integer noise: 10 discrete Gaussian shares "
                               "(fedpriv.distributed.noise) on a 1-D integer query, 0 vs Δ₂ = 4",
                               _distributed_claim, _distributed_noise, DELTA, 100_000),
-    "count": Case("a node's DP count of N (clients.releases), N vs N + 1", _count_claim, _count, DELTA, 100_000),
-    "evaluation": Case("a node's noisy evaluation (clients.releases), {} vs {a correct record at the loss clip}",
+    "count": Case("a node's DP count of N (fedpriv.federation.releases.noisy_count), N vs N + 1",
+                  _count_claim, _count, DELTA, 100_000),
+    "evaluation": Case("a node's noisy evaluation (fedpriv.federation.releases), {} vs {a correct record at the "
+                       "loss clip}",
                        _evaluation_claim, _evaluation, DELTA, 100_000),
 }
 """Every mechanism that releases something, by the name the command takes."""

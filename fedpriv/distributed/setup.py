@@ -88,10 +88,11 @@ STEPS_PER_EPOCH = 3
 
 def large_lot(total_examples: float) -> int:
     """Distributed mode's default lot, ⌈ΣN / ``STEPS_PER_EPOCH``⌉: De et al. 2022's large lots.
-    A distributed round costs secure aggregation's exchanges whatever its lot (10 s at 100
-    nodes here, against milliseconds of gradients), so fewer, larger lots at the same ε and
-    epochs cut the run's time by the ratio of the lots (full MNIST: 120 rounds, not 600),
-    and the noise on the averaged gradient, σ·C/lot, falls (σ grows only about as √lot)."""
+    Each distributed round pays secure aggregation's exchanges whatever its lot (about 10 s
+    at 100 nodes here), while the gradients of E epochs cost the same at any lot, so fewer,
+    larger lots at the same ε and epochs cut that overhead by the ratio of the lots (full
+    MNIST: 120 rounds, not 600), and the noise on the averaged gradient, σ·C/lot, falls (σ
+    grows only about as √lot)."""
     return max(1, math.ceil(total_examples / STEPS_PER_EPOCH))
 
 

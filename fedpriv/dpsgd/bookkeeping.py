@@ -17,6 +17,11 @@ squared norms and a way to add Σ_i c_i g_i, for any factors c, into a buffer:
 Each rule's ``add_weighted_sum_`` takes ``clip_factors``' ``keep`` mask and selects the rows
 of dropped (non-finite) examples out of every operand before the sum (see ``clipping``).
 
+With K augmented copies per example (``augmentation``), the rules run per row and each
+example's K rows are then summed (``_grouped``; a Linear weight's by ``GroupedOuterProduct``,
+whose norm comes from the K × K Gram matrices of g and a).  A ``mask`` (``static``) leaves
+padded rows out with no host sync.
+
 The result equals ``per_example.vmap_clipped_sum`` up to float rounding (tested).
 """
 

@@ -278,7 +278,8 @@ def _timeline(
 
     with _LiveBytes() as counter:
         train_dpsgd(copied, features, labels, config=probe, steps=1, optimizer=opt, loss_fn=loss_fn,
-                    sampling_generator=generator(), noise_generator=generator())
+                    sampling_generator=generator(), noise_generator=generator(),
+                    static_shapes=False)  # the eager step: a capture would count its warm-up too
     return counter.timeline
 
 

@@ -16,6 +16,10 @@ the static gradient buffer before the micro-batches add into it: every step, see
 secure, draws it anew, so no replay can reuse one), the division by the expected lot size
 and the optimizer's step.
 
+Memory: a bucket's step never exceeds the physical batch the memory planner chose (buckets
+stop at it), and the graphs' shared pool holds about one step's temporaries for as long
+as the graphs live, where the eager step frees them after each step.
+
 A ``StaticSums`` is kept per model between ``train_dpsgd`` calls (a round or an epoch is one
 call; capturing again each time would cost more than it saves) while the model's parameters,
 the data tensors and the clipping settings are the same objects and values.  Where a capture

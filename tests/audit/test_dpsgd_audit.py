@@ -13,6 +13,7 @@ from fedpriv.audit.dpsgd import CanaryAudit, audit_dpsgd
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
 from fedpriv.seeding import generator
+from tests.timeouts import scaled
 
 
 @pytest.mark.parametrize("mode", ["vmap", "bookkeeping"])
@@ -38,23 +39,29 @@ def test_canaries_are_dirac_gradients_that_leave_the_model_alone(mode):
 
 
 def _small(data_dir, **kw):
+    """The one-run part alone (the white-box step audit has its own tests: test_step_audit.py)."""
     return CanaryAudit(**{"canaries": 1000, "train_size": 100, "epochs": 2, "data_dir": str(data_dir),
-                          "target_epsilon": 2.0, **kw})
+                          "target_epsilon": 2.0, "parts": frozenset({"one-run"}), **kw})
 
 
 @pytest.mark.parametrize("clients", [None, 3])
 def test_a_small_audit_stays_below_its_claim(shared_data_dir, clients):
     result = audit_dpsgd(_small(shared_data_dir, clients=clients))
     assert result["claimed_epsilon"] <= 2.0
-    assert result["epsilon_lower_bound"] <= result["claimed_epsilon"]
-    assert set(result) >= {"claimed_epsilon", "epsilon_lower_bound", "confidence", "canaries", "guesses", "correct",
-                           "mode", "method", "seconds"}
+    assert result["one_run"]["epsilon_lower_bound"] <= result["claimed_epsilon"]
+    assert not result["one_run"]["flagged"] and not result["flagged"]
+    assert set(result["one_run"]) >= {"epsilon_lower_bound", "confidence", "canaries", "guesses", "correct",
+                                      "method", "assumptions"}
+    assert set(result) >= {"claimed_epsilon", "mode", "seconds", "white_box"}
+    # a centralized audit says so (not "local" with no clients); a federated one names its clients
+    assert (result["mode"], result.get("clients")) == (("centralized", None) if clients is None else ("local", 3))
 
 
 @pytest.mark.parametrize("clients", [None, 3])
 def test_training_without_noise_is_flagged(shared_data_dir, clients):
     result = audit_dpsgd(_small(shared_data_dir, clients=clients, unsafe_noise_multiplier=0.0))
-    assert result["epsilon_lower_bound"] > result["claimed_epsilon"]
+    assert result["one_run"]["epsilon_lower_bound"] > result["claimed_epsilon"]
+    assert result["one_run"]["flagged"] and result["flagged"]
     assert result["unsafe_noise_multiplier"] == 0.0
 
 
@@ -66,20 +73,21 @@ def test_a_small_distributed_audit_stays_below_its_claim_and_its_no_noise_contro
     claim is the distributed event's ε, which the lower bound must not exceed, and σ = 0
     must be caught."""
     safe = audit_dpsgd(_small(shared_data_dir, clients=clients), "distributed")
-    assert safe["claimed_epsilon"] <= 2.0 and safe["epsilon_lower_bound"] <= safe["claimed_epsilon"]
+    assert safe["claimed_epsilon"] <= 2.0 and safe["one_run"]["epsilon_lower_bound"] <= safe["claimed_epsilon"]
+    assert (safe["mode"], safe["clients"]) == ("distributed", clients or 1)
     broken = audit_dpsgd(_small(shared_data_dir, clients=clients, unsafe_noise_multiplier=0.0), "distributed")
-    assert broken["epsilon_lower_bound"] > broken["claimed_epsilon"]
+    assert broken["one_run"]["epsilon_lower_bound"] > broken["claimed_epsilon"] and broken["flagged"]
 
 
 def test_an_unknown_privacy_mode_is_refused_in_one_line():
     done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", "central",
                            "--target-epsilon", "2", "--out", "unused.json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "invalid choice: 'central'" in done.stderr
 
 
 def test_input_space_canaries_stay_below_the_claim(shared_data_dir):
     result = audit_dpsgd(_small(shared_data_dir, canary_type="input", canaries=100))
-    assert "input-space" in result["method"]
-    assert result["epsilon_lower_bound"] <= result["claimed_epsilon"]
+    assert "input-space" in result["one_run"]["method"]
+    assert result["one_run"]["epsilon_lower_bound"] <= result["claimed_epsilon"]

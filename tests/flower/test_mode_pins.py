@@ -61,7 +61,7 @@ def run_mode(mode: str, root: Path, data_dir: Path) -> dict[str, Any]:
     from flwr.supercore.task_identity import TaskIdentity
 
     from server.run import run_server
-    from tests.flower.inprocess import InProcessGrid, node_config
+    from tests.flower.inprocess import InProcessGrid, consortium, node_config
 
     saved_identity = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
     saved_threads = torch.get_num_threads()
@@ -70,7 +70,9 @@ def run_mode(mode: str, root: Path, data_dir: Path) -> dict[str, Any]:
     try:
         config = {**COMMON, **MODES[mode], "data-dir": str(data_dir), "state-dir": str(root / "server"),
                   "out": str(root / "out")}
-        nodes = {10 + i: node_config(i, NODES, root, **POLICY, **{"data-dir": str(data_dir), "seed": 11 + i})
+        members = consortium(root / "consortium", NODES)  # distributed modes: the nodes' peers certified
+        nodes = {10 + i: node_config(i, NODES, root, **POLICY, **members[i], **{"data-dir": str(data_dir),
+                                                                             "seed": 11 + i})
                  for i in range(NODES)}
         history = run_server(InProcessGrid(config, nodes), config)
     finally:

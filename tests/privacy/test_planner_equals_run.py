@@ -6,6 +6,8 @@ in distributed mode, by the node's (its policy's shares, the lattice read from t
 config), never by the planner."""
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,13 +40,14 @@ def _run_side(config: dict) -> tuple[float, list[float], list[list[float]]]:
     clients = {10 + i: ClientInfo(str(i), n) for i, n in enumerate(SIZES)}
     assigner = Assigner(_assigned_settings(settings), clients)
     nodes = assigner(clients)
-    strategy = _strategy(settings, ServerLedger(Budget(math.inf, DELTA)), nodes, History(settings={}), "run-t",
+    strategy: Any = _strategy(settings, ServerLedger(Budget(math.inf, DELTA)), nodes, History(settings={}), "run-t",
                          assigner.plan, admit=lambda grid, ids: {})
     smallest = min(nodes.values(), key=lambda a: a.num_examples)
     server, node = PrivacyLedger(Budget(math.inf, DELTA)), PrivacyLedger(Budget(math.inf, DELTA))
     server_eps, node_eps = [], []
     for r in range(1, ROUNDS + 1):
         entry = protocol.train_entry("run-t", r)
+        events: tuple[Any, ...]
         if settings.privacy.value == "user":
             events, sigma = (strategy.booked_event(r),), strategy.noise_multiplier
         else:
@@ -54,7 +57,7 @@ def _run_side(config: dict) -> tuple[float, list[float], list[list[float]]]:
         server.record(smallest.client_id, entry, events)
         server_eps.append(server.spent(smallest.client_id))
         if settings.privacy.value == "distributed":  # what a simulated node books (clients.distributed.contribute)
-            policy = NodePolicy(epsilon_budget=math.inf, state_dir=".", **{
+            policy = NodePolicy(epsilon_budget=math.inf, state_dir=Path("."), **{
                 k.replace("-", "_"): v for k, v in mode_policy(config, len(SIZES)).items()})
             q, lattice = read_lattice(strategy.distributed.config(), assigner.plan.max_grad_norm,
                                       strategy.distributed.lattice.dimension)

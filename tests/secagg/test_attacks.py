@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.supercore.primitives.asymmetric import generate_key_pairs
 
 from fedpriv.secagg import NodeState, Requirements, SecAggRefusal, Stage, Vector, answer, keys, prg
 from fedpriv.secagg.server import SecureAggregation
@@ -223,3 +224,20 @@ def test_an_unmask_list_other_than_the_signed_one_or_a_forged_signature_is_refus
     request = dict(server.honest_unmask)
     request["signatures"] = [request["signatures"][1]] + request["signatures"][1:]
     refused(server, 1, request, "does not verify")
+
+
+def test_nodes_computing_under_different_settings_give_no_sum() -> None:
+    """Node 11 computed its vector at lattice scale 16, the others at 2^10: an honest server
+    sees the digests differ and ends the round; the masks would not have cancelled anyway
+    (``tests/flower/test_malicious_server.py`` plays the server that ignores this)."""
+    r = simulate(4, D, settings=lambda u: {"lattice-scale": 16.0 if u == 11 else 1024.0})
+    assert r.result.sum is None and "different settings" in (r.result.reason or "")
+    same = simulate(4, D, settings=lambda u: {"lattice-scale": 1024.0})
+    assert np.array_equal(same.result.sum, same.true_sum(32))
+
+
+def test_a_pairwise_mask_depends_on_the_settings_digest() -> None:
+    (sk_a, pk_a), (sk_b, pk_b) = generate_key_pairs(), generate_key_pairs()
+    one, other = keys.settings_digest({"scale": 1024.0}), keys.settings_digest({"scale": 16.0})
+    assert keys.mask_key(sk_a, pk_b, one) == keys.mask_key(sk_b, pk_a, one)  # both ends of the pair agree
+    assert keys.mask_key(sk_a, pk_b, one) != keys.mask_key(sk_b, pk_a, other)

@@ -185,3 +185,26 @@ def test_a_node_unmasks_only_with_t_signatures_of_its_own_group() -> None:
     forged = {**request, "signers": strangers, "signatures": [server.agg.signatures[u] for u in strangers]}
     with pytest.raises(SecAggRefusal, match="does not verify"):
         server.ask(1, forged)
+
+
+
+class ChosenGraph(SecureAggregation):
+    """A server that draws the sparse graph from a key of its choosing, not the round key."""
+
+    def receive(self, replies: Any) -> None:
+        setup = self.stage is Stage.SETUP
+        super().receive(replies)
+        if setup and self.graph is not None:
+            self.graph = graph.harary(self.live, self.neighbours, "the server's choice")
+
+
+def test_a_node_refuses_a_group_that_is_not_its_neighbourhood_in_the_rounds_harary_graph() -> None:
+    nodes = list(range(1, N + 1))
+    req = Requirements(min_cohort=2, min_survivors=2, max_colluders=0, min_neighbours=K)
+    states = {u: NodeState() for u in nodes}
+    agg = ChosenGraph(nodes, dimension=D, modulus_bits=32, threshold=T, round_key="r", neighbours=K)
+    agg.receive({u: answer(states[u], req, u, c, lambda info: pytest.fail("no vector"))
+                 for u, c in agg.requests().items()})
+    for u, config in agg.requests().items():  # share-keys: each group of 7, from the server's graph
+        with pytest.raises(SecAggRefusal, match="Harary graph"):
+            answer(states[u], req, u, config, lambda info: pytest.fail("no vector"))

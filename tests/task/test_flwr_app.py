@@ -12,7 +12,7 @@ from simulations._processes import BIN
 from tests.flower.test_flwr_run import _superlink
 from tests.timeouts import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def test_flwr_run_of_a_new_tabular_app(tmp_path):

@@ -14,7 +14,7 @@ from fedpriv.__main__ import main as fedpriv_main
 from simulations._project import PROJECT_ROOT
 from tests.timeouts import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 TARGET = 8.0
 DISTRIBUTED_FLOOR = 0.75
