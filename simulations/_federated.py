@@ -71,10 +71,13 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     return federated_parser(dataset)
 
 
-def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), the data set and ``min-clients``."""
-    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients,
+def run_config_overrides(args: argparse.Namespace, dataset: str | None) -> dict[str, Any]:
+    """The run-config keys the user set (kebab-case), the data set (none for a user's app:
+    its task is in its own run config) and ``min-clients``."""
+    overrides: dict[str, Any] = {"min-clients": args.clients,
                                  "server-randomness": "seeded"}  # a simulation is reproducible (user level)
+    if dataset is not None:
+        overrides["dataset"] = dataset
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
@@ -106,9 +109,13 @@ def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any
 
 def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
     """The data set is there (or downloaded now, once): one error from the command instead of
-    one per simulated client after Ray has started."""
+    one per simulated client after Ray has started. A user's task is checked whole
+    (``fedpriv.task.check_task``: its module, data and model) on every simulated node's share."""
     from fedpriv.data import DatasetNotFoundError, check_available
 
+    if settings.task is not None:
+        task_sizes(parser, settings, 1, settings.seed)
+        return
     try:
         check_available(settings.dataset, settings.data_dir, settings.download)
     except DatasetNotFoundError as err:
@@ -122,7 +129,10 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     δ > 1/(10N) is a warning on stderr. An empty share is an error too. Returns the shares' sizes."""
     from clients.delta import DeltaFit, delta_fit
 
-    sizes = share_sizes(settings, num_clients, partition_key)
+    try:
+        sizes = share_sizes(settings, num_clients, partition_key)
+    except ValueError as err:  # a user's task refused on a simulated node's share (fedpriv.task.TaskError)
+        parser.error(str(err))
     size, smallest = min((n, p) for p, n in enumerate(sizes))
     if size == 0:
         parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
@@ -142,9 +152,29 @@ def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> 
     from clients.partition import Split
     from fedpriv.data import load_dataset
 
+    if settings.task is not None:
+        return task_sizes(None, settings, num_clients, partition_key)
     data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
     split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
     return [len(split.indices(p)) for p in range(num_clients)]
+
+
+def task_sizes(parser: argparse.ArgumentParser | None, settings: RunSettings, num_clients: int,
+               partition_key: int) -> list[int]:
+    """Each simulated node's number of training records of the run's task (imported by name:
+    the app's folder is on ``sys.path``), every share checked (``check_task``); a broken task
+    is ``parser.error``, its one line."""
+    from fedpriv.data import default_data_dir
+    from fedpriv.task import TaskError, check_task, load_task
+
+    data_dir = Path(settings.data_dir) if settings.data_dir else default_data_dir()
+    try:
+        assert settings.task is not None  # the caller's branch
+        return check_task(load_task(settings.task), data_dir, settings.seed, num_clients, partition_key)
+    except TaskError as err:
+        if parser is None:
+            raise
+        parser.error(str(err))
 
 
 def dry_run(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> dict[str, Any]:
@@ -157,6 +187,15 @@ def dry_run(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> di
     result = plan(federation(settings, num_clients, sizes))
     print("\n".join([table(result), *plan_notes(result)]))
     return result
+
+
+def _task_dimension(settings: RunSettings) -> int | None:
+    """The parameter count of the run's task's model (None without a task)."""
+    if settings.task is None:
+        return None
+    from fedpriv.task import load_task
+
+    return sum(p.numel() for p in load_task(settings.task).build_model(settings.seed).parameters())
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
@@ -246,7 +285,7 @@ def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str,
     results depend on the thread count."""
     cpus = args.cpus_per_client or max(1, torch.get_num_threads() // args.clients)
     gpus = args.gpus_per_client
-    if gpus is None and torch.cuda.is_available():
+    if gpus is None and torch.cuda.is_available() and settings.task is None:  # a task's step is measured on its node
         from simulations._gpu import client_gpu_fraction
 
         gpus = client_gpu_fraction(settings, args.clients, torch.cuda.get_device_properties(0).total_memory)
@@ -259,11 +298,12 @@ def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str,
 
 def simulate(
     num_clients: int, overrides: dict[str, Any], backend: dict[str, Any] | None = None,
-    flower_delivery: bool = False,
+    flower_delivery: bool = False, app_dir: Path = PROJECT_ROOT,
 ) -> float:
     """Run the apps on ``num_clients`` simulated SuperNodes; returns wall seconds. Messages
     reach the actors through ``simulations._delivery`` unless ``flower_delivery`` (Flower's
-    own loop, O(nodes × messages) per sweep: for measuring it)."""
+    own loop, O(nodes × messages) per sweep: for measuring it). ``app_dir``: the app whose
+    pyproject.toml names the apps and the run config (a user's app: ``simulations.run``)."""
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -273,13 +313,13 @@ def simulate(
     from simulations._delivery import one_pass_delivery
     from simulations._flower_private import run_simulation, set_task_identity
 
-    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
+    components = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
     # What _run_simulation does for a run it creates itself, plus our overrides.
     run = Run.create_empty(run_id=SIMULATION_RUN_ID)
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
     set_task_identity(run_id=run.run_id, task_id=1, node_id=SUPERLINK_NODE_ID)
-    run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
+    run_config = get_fused_config_from_dir(app_dir, run.override_config)
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
     backend = backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {}}
@@ -297,21 +337,23 @@ def simulate(
             backend_name="ray",
             backend_config=backend,
             server_app_context=context,
-            app_dir=str(PROJECT_ROOT),
+            app_dir=str(app_dir),
         )
     return time.perf_counter() - start
 
 
-def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
+def main(dataset: str | None, argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+         app_dir: Path = PROJECT_ROOT) -> dict[str, Any]:
     """Parse flags, simulate, add the total wall time to results.json, plot it. A run that
-    could train nothing (every budget in ``--state-dir`` spent) stops before Ray starts."""
-    parser = build_parser(dataset)
+    could train nothing (every budget in ``--state-dir`` spent) stops before Ray starts.
+    ``dataset`` None: the user's app in ``app_dir`` (``simulations.run``, with its ``parser``)."""
+    parser = parser or build_parser(str(dataset))
     args = parser.parse_args(argv)
     use_cache_dir(parser, args.cache_dir)
     overrides = run_config_overrides(args, dataset)
     from flwr.common.config import get_fused_config_from_dir
 
-    run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
+    run_config = get_fused_config_from_dir(app_dir, overrides)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
     sizes = check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
@@ -339,7 +381,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
             parser.exit(1, f"{parser.prog}: {reason}\n")
         warn_seeded()  # this process's one warning, once it will run; each node process prints its own
         stack.enter_context(console(out / LOG_FILE))  # Flower's and Ray's notices in the log, not the terminal
-        wall = simulate(args.clients, overrides, backend_config(args, settings))
+        wall = simulate(args.clients, overrides, backend_config(args, settings), app_dir=app_dir)
         from simulations._spent import node_epsilon
 
         node_spent = node_epsilon(state_dir, args.clients, settings.delta)

@@ -186,7 +186,7 @@ def federated(
 
     from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
-    from server import classic
+    from server.classic import loops as classic
     from simulations._classic_nodes import run_on_nodes
 
     dataset = ALGORITHMS[algorithm]

@@ -57,6 +57,7 @@ def test_centralized_json(algorithm, name, spent, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.parametrize("algorithm, spent", [("linreg", 2.0), ("ann-iris", 2.0)])
 def test_federated_across_two_flower_clients(algorithm, spent):
     result = _run(algorithm, "--epsilon", "2", "--clients", "2")
