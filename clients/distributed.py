@@ -39,7 +39,7 @@ from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.releases import book, stored_size
 from clients.secure_sum import Contribute, answer_stage
-from clients.task import client_id, node_data, received_model, training_seed
+from clients.task import client_id, loss_function, node_data, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
 from fedpriv.distributed.lattice import Lattice, Rounding
 from fedpriv.distributed.rounding import MAX_BOUND
@@ -150,6 +150,7 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector
     plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
     model = received_model(msg, plan.model, settings)
+    loss_fn = loss_function(settings)
     q, lattice, bound = record_encoding(config, plan, sum(p.numel() for p in model.parameters()), stage)
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
     budget = policy.effective_budget(settings)
@@ -166,7 +167,7 @@ def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector
             model, data.features, data.labels, sample_rate=q, lattice=lattice,
             noise_multiplier=plan.noise_multiplier, honest_shares=shares,
             secure=policy.randomness is Randomness.SECURE, sampling_generator=sampling, rounding_generator=rounding,
-            noise_generator=noise,
+            noise_generator=noise, loss_fn=loss_fn,
         )
     return Vector(contribution.vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
 

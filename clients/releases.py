@@ -56,6 +56,8 @@ def data_key(policy: NodePolicy, settings: RunSettings, node_config: Mapping[str
     """Which records a partition holds, as a short hash of what chooses them."""
     described = [settings.dataset, settings.partition.value, settings.alpha, policy.partition_key,
                  settings.limit_train, str(node_config["partition-id"]), str(node_config["num-partitions"])]
+    if settings.task is not None:  # a user's task: its module's name (unset: the key of earlier releases)
+        described.append(settings.task)
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 

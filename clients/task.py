@@ -29,16 +29,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.partition import Split
-from clients.releases import book, missing_data, released_size, stored_size
-from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, load_dataset
+from clients.releases import Refusal, book, missing_data, released_size, stored_size
+from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.releases import noisy_evaluation
 from fedpriv.federation.settings import RunSettings
-from fedpriv.models import build_model, input_shape, model_inputs
+from fedpriv.models import input_shape, model_inputs
 from fedpriv.node import checked_policy
 from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import seeded_training_seed
+from fedpriv.task import Task, TaskError, check_model_fits, load_task, run_model
 from fedpriv.training import default_device, round_spend, train_round
 
 
@@ -78,10 +80,43 @@ def local_data(settings: RunSettings, node_config: Mapping[str, Any], data_dir: 
     record), read from ``data_dir`` (its policy's: ``None`` is the default cache folder; the run
     config's ``data-dir`` is never read); with ``model``, its features are that model's inputs
     (cached: computed once per node). ``Refusal`` where the folder lacks the data set."""
+    partition_id, num_partitions = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    if settings.task is not None:  # a user's task: its load_data on the node's own folder
+        return _task_data(settings.task, None if data_dir is None else Path(data_dir), partition_id, num_partitions,
+                          partition_key)[0 if train else 1]
     # the run config's data-dir, download and seed are the server's: out of every cache key
     settings = dataclasses.replace(settings, data_dir=None, download=False, seed=0)
-    return _partition(settings, None if data_dir is None else Path(data_dir), int(node_config["partition-id"]),
-                      int(node_config["num-partitions"]), train, model, partition_key)
+    return _partition(settings, None if data_dir is None else Path(data_dir), partition_id, num_partitions, train,
+                      model, partition_key)
+
+
+def node_task(name: str) -> Task:
+    """The run's task module (imported by name from the app's folder), or ``Refusal``: the
+    reason without what the user's code said (it could hold the node's paths)."""
+    try:
+        return load_task(name)
+    except TaskError as err:
+        raise Refusal(f"this node cannot run the task: {err.public}") from err
+
+
+@functools.lru_cache(maxsize=8)
+def _task_data(name: str, data_dir: Path | None, partition_id: int, num_partitions: int,
+               key: int) -> tuple[TensorPair, TensorPair]:
+    """(train, test) of the task's ``load_data`` on this node's folder (its policy's; ``None``:
+    the default cache folder), its items and model checked (``fedpriv.task``) before
+    anything is booked: ``Refusal`` (the contract's reason) otherwise."""
+    task = node_task(name)
+    try:
+        train, test = task.load(partition_id, num_partitions, data_dir or default_data_dir(), key)
+        check_model_fits(task, task.build_model(0), train)
+    except TaskError as err:
+        raise Refusal(f"this node cannot run the task: {err.public}") from err
+    return train, test
+
+
+def loss_function(settings: RunSettings) -> LossFn:
+    """What the run trains by: the task's ``loss`` (cross-entropy by default)."""
+    return torch.nn.functional.cross_entropy if settings.task is None else node_task(settings.task).loss
 
 
 def client_id(node_config: Mapping[str, Any]) -> str:
@@ -105,15 +140,19 @@ def describe(context: Context) -> RecordDict:
 
 
 def received_model(msg: Message, name: str, settings: RunSettings) -> torch.nn.Module:
-    """The model the server sent, loaded strictly into ``name``'s architecture, refused (before
-    anything is booked) unless that architecture takes the run's data set: one input of its
-    shape gives a row of class scores."""
-    model = build_model(name, settings.seed)
+    """The model the server sent, loaded strictly into ``name``'s architecture (the run's
+    task's model, where it names one), refused (before anything is booked) unless that
+    architecture takes the run's data set: one input of its shape gives a row of class scores
+    (a task's model is checked against its own data, ``_task_data``)."""
+    try:
+        model = run_model(name, settings.seed, settings.task)
+    except TaskError as err:
+        raise Refusal(f"this node cannot run the task: {err.public}") from err
     try:
         model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     except (KeyError, RuntimeError, ValueError, TypeError) as err:
         raise protocol.ProtocolError(f"received arrays do not fit model {name!r}: {err}") from err
-    image = IMAGE_SHAPES.get(settings.dataset)
+    image = IMAGE_SHAPES.get(settings.dataset) if settings.task is None else None
     if image is not None:
         training = model.training
         try:
@@ -141,6 +180,7 @@ def train(msg: Message, context: Context) -> RecordDict:
     charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
     charge.require_same(round_spend(plan, num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
     model = received_model(msg, plan.model, settings)  # checked before anything is booked
+    loss_fn = loss_function(settings)
     ordinal = book(policy, cid, charge, budget)
     with after_booking(charge.entry):
         data = node_data(settings, context, policy, model=plan.model)  # the model's inputs
@@ -148,6 +188,7 @@ def train(msg: Message, context: Context) -> RecordDict:
             model, data.features, data.labels, plan, seed=training_seed(policy, context.run_id, ordinal),
             client=int(cid), round_=server_round, device=default_device(),
             secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
+            loss_fn=loss_fn,
         )
         charge.require_same(report.events, "this training")  # a bug, not input: nothing is sent
     return RecordDict({

@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from clients.delta import check_delta
 from clients.failures import after_booking
 from clients.releases import book, stored_size
-from clients.task import client_id, node_data, received_model, training_seed
+from clients.task import client_id, loss_function, node_data, received_model, training_seed
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.settings import RunSettings
@@ -82,7 +82,7 @@ def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[d
         request.model, data.features, data.labels, request.plan,
         seed=training_seed(policy, context.run_id, ordinal), client=int(request.client),
         round_=request.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
-        num_examples=request.num_examples, fit_physical_batch=True,
+        num_examples=request.num_examples, fit_physical_batch=True, loss_fn=loss_function(request.settings),
     )
     return clipped_delta(request.before, request.model.cpu().state_dict(), request.clip)
 

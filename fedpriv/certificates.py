@@ -69,20 +69,30 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
+def _builder(days: int) -> x509.CertificateBuilder:
+    """A certificate builder with a random serial, valid from five minutes ago (clock skew) for ``days``."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder().serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days)))
+
+
+def _signing_usage(certifies: bool) -> x509.KeyUsage:
+    """A key that signs: certificates too (a CA) or only messages (an identity)."""
+    return x509.KeyUsage(digital_signature=True, key_cert_sign=certifies, crl_sign=certifies, content_commitment=False,
+                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                         encipher_only=False, decipher_only=False)
+
+
 def make_ca(days: int = 365, name: str = "fedpriv deployment CA") -> tuple[ec.EllipticCurvePrivateKey,
                                                                           x509.Certificate]:
     """A self-signed CA that may sign end-entity certificates only (path length 0)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder()
+        _builder(days)
         .subject_name(_name(name)).issuer_name(_name(name))
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .public_key(key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(_signing_usage(certifies=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -96,12 +106,10 @@ def make_server_certificate(
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or address")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder()
+        _builder(days)
         .subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .public_key(key.public_key())
         .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -115,16 +123,12 @@ def make_identity(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
                   ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A node's identity certificate (signing only, not a CA) for ``name``, signed by the consortium CA."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder()
+        _builder(days)
         .subject_name(_name(name)).issuer_name(ca_cert.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
+        .public_key(key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(_signing_usage(certifies=False), critical=True)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

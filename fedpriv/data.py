@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torchvision
 
 from fedpriv.seeding import derive_seed
 
@@ -74,14 +73,14 @@ def _torchvision(cls: type, data_dir: Path, train: bool, download: bool):  # noq
 
 
 def _mnist(data_dir: Path, train: bool, download: bool, limit: int | None, seed: int) -> TensorPair:
-    ds = _torchvision(torchvision.datasets.MNIST, data_dir, train, download)
+    ds = _torchvision(_torchvision_class("mnist"), data_dir, train, download)
     images, labels = ds.data[:limit], ds.targets[:limit]
     features = (images.float().div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
     return TensorPair(features, labels.long())
 
 
 def _cifar10(data_dir: Path, train: bool, download: bool, limit: int | None, seed: int) -> TensorPair:
-    ds = _torchvision(torchvision.datasets.CIFAR10, data_dir, train, download)
+    ds = _torchvision(_torchvision_class("cifar10"), data_dir, train, download)
     images = torch.from_numpy(np.ascontiguousarray(ds.data[:limit]))  # N × 32 × 32 × 3, uint8
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
@@ -161,7 +160,12 @@ def _torchvision_files(cls: Any, root: Path) -> list[Path]:
     return [folder / name for name, _ in cls.train_list + cls.test_list] + [folder / cls.meta["filename"]]
 
 
-_TORCHVISION: dict[str, type] = {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10}
+def _torchvision_class(name: str) -> type:
+    """torchvision's dataset class of ``name`` (``"mnist"`` or ``"cifar10"``), imported on first
+    use: torchvision pulls in torch._dynamo (~1.5 s), which only loading needs."""
+    import torchvision
+
+    return {"mnist": torchvision.datasets.MNIST, "cifar10": torchvision.datasets.CIFAR10}[name]
 
 
 def check_available(
@@ -177,7 +181,7 @@ def check_available(
     if name not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    cls = _TORCHVISION.get(name)
+    cls = _torchvision_class(name) if name in ("mnist", "cifar10") else None
     if cls is None or all(path.is_file() for path in _torchvision_files(cls, root)):
         return root  # scikit-learn's data sets ship with it
     if not download:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
+from fedpriv.model_names import TASK_MODEL
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.training import TrainingPlan, calibrate_plan, default_plan
@@ -58,7 +59,8 @@ def base_plan(settings: RunSettings) -> TrainingPlan:
     """The data set's default plan with the run's overrides; the LR decays over the
     rounds exactly as ``simulations.centralized`` decays it over the epochs."""
     return default_plan(
-        settings.dataset, model=settings.model, lot_size=settings.lot_size, lr=settings.lr,
+        settings.dataset if settings.task is None else TASK_MODEL, model=settings.model, lot_size=settings.lot_size,
+        lr=settings.lr,
         max_grad_norm=settings.max_grad_norm, noise_multiplier=settings.noise_multiplier,
         lr_schedule=settings.lr_schedule, local_epochs=settings.local_epochs, lr_decay_rounds=settings.rounds,
         max_physical_batch_size=settings.max_physical_batch,

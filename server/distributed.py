@@ -34,6 +34,7 @@ from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent, DpEvent, GaussianEvent
 from fedpriv.secagg import SecureSumResult, graph
+from fedpriv.task import run_model
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
@@ -60,7 +61,8 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
         distributed_setup(plan, sum(a.weight for a in nodes.values()), len(nodes), settings.rounds,
                           settings.target_epsilon, settings.delta, settings.lattice_rounding, prior,
                           [a.num_examples for a in nodes.values()], count_noise,
-                          choose_lot=settings.lot_size is None),
+                          choose_lot=settings.lot_size is None,
+                          dimension=sum(p.numel() for p in run_model(plan.model, 0, settings.task).parameters())),
         secagg_neighbours=settings.secagg_neighbours)
 
 

@@ -28,12 +28,23 @@ def by_client(values: dict[str, Any]) -> dict[str, Any]:
     return {k: values[k] for k in sorted(values, key=client_order)}
 
 
+MANY_CLIENTS = 10
+"""Past this many clients, ε is summarised (``epsilon_summary``: min, median, max) instead of listed."""
+
+
+def epsilon_text(epsilon: float) -> str:
+    """ε for a reader: 4 decimals, or 4 significant digits below 0.1, so that a small ε is
+    never printed as zero (``0.0000``)."""
+    return f"{epsilon:.4f}" if epsilon >= 0.1 or epsilon == 0 else f"{epsilon:.4g}"
+
+
 def epsilon_summary(epsilons: Iterable[float], randomness: str | None = None) -> str:
     """One line for many clients' ε: how many, and their min / median / max; with the nodes'
     ``randomness`` where the caller knows it (seeded noise is weaker than its ε says)."""
     eps = sorted(float(e) for e in epsilons)
     line = "no client has spent privacy" if not eps else (
-        f"{len(eps)} clients, min {eps[0]:.4f}, median {statistics.median(eps):.4f}, max {eps[-1]:.4f}")
+        f"{len(eps)} clients, min {epsilon_text(eps[0])}, median {epsilon_text(statistics.median(eps))}, "
+        f"max {epsilon_text(eps[-1])}")
     return line if randomness is None else f"{line} (node randomness: {randomness})"
 
 

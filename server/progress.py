@@ -18,7 +18,7 @@ from flwr.supercore import log
 from flwr.supercore.logger import LOGGER_NAME
 from tqdm import tqdm
 
-from server.history import History, RoundLog
+from server.history import History, RoundLog, epsilon_text
 
 
 class Progress:
@@ -68,9 +68,9 @@ class Progress:
         eps = max(round_log.epsilon.values(), default=math.nan)
         metrics = round_log.train_metrics
         count_only = f", count-only (S = {metrics['user_clip']:.3g})" if metrics.get("count_only") else ""
-        log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %.4f, %.1f s%s",
-            round_log.round, self.rounds, 100 * accuracy, eps, seconds, count_only)
-        self.bar.set_postfix_str(f"accuracy {100 * accuracy:.2f} %, max ε {eps:.3f}", refresh=False)
+        log(INFO, "round %d/%d: test accuracy %.2f %%, max client ε %s, %.1f s%s",
+            round_log.round, self.rounds, 100 * accuracy, epsilon_text(eps), seconds, count_only)
+        self.bar.set_postfix_str(f"accuracy {100 * accuracy:.2f} %, max ε {epsilon_text(eps)}", refresh=False)
         self.bar.update(1)
 
     def _redirect(self) -> None:

@@ -13,6 +13,7 @@ booked under the same entries, so nothing is counted twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,12 +27,13 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fedpriv.data import load_dataset
+from fedpriv.data import default_data_dir, load_dataset
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError, UserNoise
-from fedpriv.models import build_model, model_inputs, model_sha256
+from fedpriv.models import model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.privacy.events import DpEvent
+from fedpriv.task import evaluate_task, load_task, run_model
 from fedpriv.training import TrainingPlan, evaluate
 from server import distributed
 from server.assign import Assigner, Assignment
@@ -74,7 +76,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
         return assigner(found)
 
     model_name = assigner.plan.model
-    model = build_model(model_name, settings.seed)
+    model = run_model(model_name, settings.seed, settings.task)
     history, run_key, first, arrays, resumed = _start(settings, state, model)
     history.discovery_seconds = discovery_seconds
     strategy = _strategy(settings, ledger, assigner(discovered), history, run_key, assigner.plan, admit,
@@ -142,14 +144,14 @@ def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assi
     options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
                                    seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
     if settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED:
-        dimension = sum(t.numel() for t in build_model(plan.model, settings.seed).state_dict().values())
+        dimension = sum(t.numel() for t in run_model(plan.model, settings.seed, settings.task).state_dict().values())
         return DistributedUserLevelFedAvg(settings, ledger, nodes, history, run_key, dimension=dimension,
                                           resumed=resumed, **options)
     if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
         return UserLevelFedAvg(settings, ledger, nodes, history, run_key, resumed=resumed, **options)
     if settings.privacy is PrivacyMode.DISTRIBUTED:
         return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes, releases),
-                                 build_model(plan.model, settings.seed), **options)
+                                 run_model(plan.model, settings.seed, settings.task), **options)
     return BudgetedFedAvg(ledger, nodes, history, run_key, **options)
 
 
@@ -233,15 +235,21 @@ def resolved(ledger: ServerLedger, assigner: Assigner, nodes: Iterable[Assignmen
 def _central_evaluation(
     settings: RunSettings, history: History, model_name: str, model: torch.nn.Module
 ) -> Callable[[int, ArrayRecord], MetricRecord]:
-    """``evaluate_fn`` on the test set (as ``model_name``'s inputs); it loads each global
-    model into ``model``."""
-    test = load_dataset(settings.dataset, settings.data_dir, train=False,
-                        download=settings.download, limit=settings.limit_test)
-    inputs = model_inputs(model_name, test.features)
+    """``evaluate_fn`` on the test set (as ``model_name``'s inputs; of a user's task, the test
+    set its ``load_data`` reads from the server's own ``data-dir``, by its ``loss`` and
+    ``metrics``); it loads each global model into ``model``."""
+    if settings.task is not None:
+        task = load_task(settings.task)
+        _, test = task.load(0, 1, Path(settings.data_dir) if settings.data_dir else default_data_dir())
+        score = functools.partial(evaluate_task, task, model, test)
+    else:
+        test = load_dataset(settings.dataset, settings.data_dir, train=False,
+                            download=settings.download, limit=settings.limit_test)
+        score = functools.partial(evaluate, model, model_inputs(model_name, test.features), test.labels)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(model, inputs, test.labels)
+        loss, accuracy = score()
         history.record_evaluation(server_round, loss, accuracy)
         return MetricRecord({"loss": loss, "accuracy": accuracy})
 

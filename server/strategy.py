@@ -43,7 +43,7 @@ from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import derive_seed
 from server.assign import Assignment
 from server.checks import check_evaluate_reply, check_train_reply, update_norm_bound
-from server.history import History, RoundLog
+from server.history import MANY_CLIENTS, History, RoundLog, epsilon_summary, epsilon_text
 from server.ledger import ServerLedger
 
 NO_REPLY = "no reply (the node crashed or left, or passed the round timeout); its round stays booked"
@@ -277,12 +277,17 @@ class BudgetedFedAvg(FedAvg):
         return weighted_average([(a.weight, arrays) for a, arrays in accepted]), None
 
     def close_round(self, round_log: RoundLog, accepted: int) -> bool:
-        """Log each client's ε and the round's outcome; True when its updates are discarded
-        (``accept_failures`` false and a sampled client failed)."""
+        """Log each client's ε (summarised past ``MANY_CLIENTS``) and the round's outcome; True
+        when its updates are discarded (``accept_failures`` false and a sampled client failed)."""
         ledger = self.ledger.snapshot()
         round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
-        for cid in round_log.participants:
-            log(INFO, "\tclient %s: ε = %.4f (δ = %g)", cid, round_log.epsilon[cid], self.ledger.budget.delta)
+        delta = self.ledger.budget.delta
+        if len(round_log.participants) > MANY_CLIENTS:
+            log(INFO, "\tε of the round's clients (δ = %g): %s", delta,
+                epsilon_summary(round_log.epsilon[cid] for cid in round_log.participants))
+        else:
+            for cid in round_log.participants:
+                log(INFO, "\tclient %s: ε = %s (δ = %g)", cid, epsilon_text(round_log.epsilon[cid]), delta)
         log(INFO, "aggregate_train: %d accepted, %d rejected, %d refused or failed",
             accepted, len(round_log.rejected), len(round_log.failed))
         round_log.train_seconds = time.perf_counter() - self._round_start

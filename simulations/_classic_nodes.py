@@ -1,6 +1,7 @@
-"""Run a server function over K simulated nodes of the classic ClientApp (``clients/classic_app.py``)
-in Flower's simulation engine, each node with the given policy, seeded randomness and its own
-durable ledger; return what each node's ledger booked. Shared by ``simulations.classic``,
+"""Run a server function, as the classic ServerApp (``server/classic/server_app.py``), over K
+simulated nodes of the classic ClientApp (``clients/classic/client_app.py``) in Flower's
+simulation engine, each node with the given policy, seeded randomness and its own durable
+ledger; return what each node's ledger booked. Shared by ``simulations.classic``,
 ``simulations.dpdropout`` and ``simulations.dppca``.
 """
 
@@ -20,28 +21,20 @@ def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy
     """Run ``server(grid)`` once all ``clients`` nodes are connected; partition id → that
     node's ``PrivacyLedger`` as it stands after the run (None: it booked nothing).
     ``policy`` holds the node policy's keys but ``state-dir`` (a temporary folder per node)."""
-    from flwr.app import Context
-    from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from clients.classic_app import app as client_app
+    from clients.classic.client_app import app as client_app
     from fedpriv.federation.policy import POLICY_ENV, policy_file_text
     from fedpriv.federation.seeded import warn_seeded
     from fedpriv.node import init_nodes
     from fedpriv.privacy import PrivacyLedger
-    from server.discovery import wait_for_nodes
+    from server.classic.server_app import classic_server_app
     from simulations._ray import ray_cluster
 
     if policy.get("randomness") == "seeded":
         warn_seeded()  # this process's one warning; each node process prints its own
     finished: list[bool] = []
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        wait_for_nodes(grid, clients)  # the engine registers its nodes while this already runs
-        server(grid)
-        finished.append(True)
+    server_app = classic_server_app(server, clients, finished)
 
     with tempfile.TemporaryDirectory(prefix="fedpriv-nodes-") as state:
         policy_path = Path(state) / "policy.toml"

@@ -170,6 +170,32 @@ def flag_message(message: str, flags: Mapping[str, str]) -> str:
     return re.sub(r"(?<![\w-])[a-z][a-z_-]*(?![\w-])", lambda m: flag(m.group()) or m.group(), message)
 
 
+LOG_FILE = "run.log"
+"""In a federated run's ``--out``: every Flower record of the run, and the notices kept off the terminal."""
+OUT_FILES = ("results.json", "ledger.json", "accuracy.png", "epsilon.png", LOG_FILE)
+"""What a federated run writes to ``--out``."""
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path, resume: bool) -> None:
+    """``--out`` must not hold an earlier run's results (they would be mixed with this one's):
+    one ``parser.error`` line naming them. ``--resume`` continues into any folder."""
+    held = sorted(name for name in OUT_FILES if (out / name).exists())
+    if held and not resume:
+        parser.error(f"argument --out: {out} already holds a run's results ({', '.join(held)}): "
+                     "choose another --out, or remove them")
+
+
+def check_data_dir(parser: argparse.ArgumentParser, data_dir: str | None, download: bool) -> None:
+    """A ``--data-dir`` that is no folder is refused at once, before the data sets' modules
+    (and torch) are imported; whether it holds the data set is checked after them."""
+    if data_dir is None or download:
+        return
+    path = Path(data_dir).expanduser().resolve()
+    if not path.is_dir():
+        parser.error(f"argument --data-dir: no such folder: {path} (the folder that holds the data set; "
+                     "--download fetches it there)")
+
+
 @functools.cache
 def run_config_defaults() -> dict[str, Any]:
     """``[tool.flwr.app.config]`` of pyproject.toml: the defaults of the federated flags."""

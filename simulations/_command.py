@@ -1,16 +1,25 @@
-"""``python -m simulations.mnist`` / ``simulations.cifar``: the flags are checked by
-``simulations._cli`` (nothing heavy imported), then ``simulations._federated`` (torch,
-Flower, Ray) runs. Kept apart from both so that neither imports the other's importer."""
+"""``python -m simulations.mnist`` / ``simulations.cifar``: the flags and the cheap checks
+(``--out``, ``--data-dir``) in ``simulations._cli``, nothing heavy imported, so a mistake
+there is one line within a second or two; then ``simulations._federated`` (torch, Flower,
+Ray) runs. Kept apart from both so that neither imports the other's importer."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fedpriv.federation import modes
-from simulations._cli import Parser, federated_parser, run_config_defaults, use_cache_dir
+from simulations._cli import (
+    Parser,
+    check_data_dir,
+    check_out,
+    federated_parser,
+    run_config_defaults,
+    use_cache_dir,
+)
 
 
 def check_mode_flags(parser: Parser, args: argparse.Namespace) -> None:
@@ -25,12 +34,16 @@ def check_mode_flags(parser: Parser, args: argparse.Namespace) -> None:
 
 
 def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m simulations.<dataset>``: a bad flag stops here, before torch, Flower and
-    Ray are imported; the cache folder is set before any of them is."""
+    """``python -m simulations.<dataset>``: a bad flag, an ``--out`` holding results (but for
+    ``--dry-run``, which writes none) and a ``--data-dir`` that is no folder stop here, before
+    torch, Flower and Ray are imported; the cache folder is set before any of them is."""
     parser = federated_parser(dataset)
     args = parser.parse_args(argv)
     check_mode_flags(parser, args)
     use_cache_dir(parser, args.cache_dir)
+    if not args.dry_run:
+        check_out(parser, Path(args.out).resolve(), bool(args.resume))
+    check_data_dir(parser, args.data_dir, bool(args.download))
     from simulations._federated import main
 
     return main(dataset, argv)

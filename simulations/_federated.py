@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,12 @@ import torch
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
 from fedpriv.federation.policy import POLICY_ENV, SecAggTrust, load_policy, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
-from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
+from simulations._cli import LOG_FILE, USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
 from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
@@ -61,10 +61,6 @@ _KEYS = (
     "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
     "lattice-rounding", "secagg-neighbours", *USER_LEVEL_KEYS,
 )
-LOG_FILE = "run.log"
-"""In ``--out``: every Flower record of the run, and the notices kept off the terminal."""
-OUT_FILES = ("results.json", "ledger.json", "accuracy.png", "epsilon.png", LOG_FILE)
-"""What a run writes to ``--out``."""
 # run-config key -> the flag that sets it, for error messages
 FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
 
@@ -75,10 +71,13 @@ def build_parser(dataset: str) -> argparse.ArgumentParser:
     return federated_parser(dataset)
 
 
-def run_config_overrides(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), the data set and ``min-clients``."""
-    overrides: dict[str, Any] = {"dataset": dataset, "min-clients": args.clients,
+def run_config_overrides(args: argparse.Namespace, dataset: str | None) -> dict[str, Any]:
+    """The run-config keys the user set (kebab-case), the data set (none for a user's app:
+    its task is in its own run config) and ``min-clients``."""
+    overrides: dict[str, Any] = {"min-clients": args.clients,
                                  "server-randomness": "seeded"}  # a simulation is reproducible (user level)
+    if dataset is not None:
+        overrides["dataset"] = dataset
     for key in _KEYS:
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
@@ -110,22 +109,31 @@ def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any
 
 def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
     """The data set is there (or downloaded now, once): one error from the command instead of
-    one per simulated client after Ray has started."""
+    one per simulated client after Ray has started. A user's task is checked whole
+    (``fedpriv.task.check_task``: its module, data and model) on every simulated node's share."""
     from fedpriv.data import DatasetNotFoundError, check_available
 
+    if settings.task is not None:
+        task_sizes(parser, settings, 1, settings.seed)
+        return
     try:
         check_available(settings.dataset, settings.data_dir, settings.download)
     except DatasetNotFoundError as err:
         parser.error(str(err))
 
 
-def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int, partition_key: int) -> None:
+def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clients: int,
+                partition_key: int) -> list[int]:
     """δ against the smallest simulated node's N (the command is its nodes' operator: it knows
     their shares): δ ≥ 1/N allows publishing a record outright, so it is ``parser.error``;
-    δ > 1/(10N) is a warning on stderr. An empty share is an error too."""
+    δ > 1/(10N) is a warning on stderr. An empty share is an error too. Returns the shares' sizes."""
     from clients.delta import DeltaFit, delta_fit
 
-    size, smallest = min((n, p) for p, n in enumerate(share_sizes(settings, num_clients, partition_key)))
+    try:
+        sizes = share_sizes(settings, num_clients, partition_key)
+    except ValueError as err:  # a user's task refused on a simulated node's share (fedpriv.task.TaskError)
+        parser.error(str(err))
+    size, smallest = min((n, p) for p, n in enumerate(sizes))
     if size == 0:
         parser.error(f"argument --clients: simulated node {smallest}'s share of the training set is empty "
                      "(fewer clients, more data or another --partition)")
@@ -136,6 +144,7 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
     if fit is DeltaFit.WEAK:
         print(f"{parser.prog}: warning: --delta {settings.delta:g} is above 1/(10N) = {1 / (10 * size):.3g} for the "
               f"smallest simulated node (N = {size}); δ well below 1/N is the usual choice", file=sys.stderr)
+    return sizes
 
 
 def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> list[int]:
@@ -143,32 +152,50 @@ def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> 
     from clients.partition import Split
     from fedpriv.data import load_dataset
 
+    if settings.task is not None:
+        return task_sizes(None, settings, num_clients, partition_key)
     data = load_dataset(settings.dataset, settings.data_dir, train=True, limit=settings.limit_train)
     split = Split(data.features, data.labels, settings.partition, num_clients, settings.alpha, partition_key)
     return [len(split.indices(p)) for p in range(num_clients)]
 
 
-def dry_run(settings: RunSettings, num_clients: int, partition_key: int) -> dict[str, Any]:
-    """``--dry-run``: the planner's plan of this run (``fedpriv.planning``; N public), printed."""
-    from fedpriv.planning import Federation, plan, table
-    from fedpriv.training import default_plan
+def task_sizes(parser: argparse.ArgumentParser | None, settings: RunSettings, num_clients: int,
+               partition_key: int) -> list[int]:
+    """Each simulated node's number of training records of the run's task (imported by name:
+    the app's folder is on ``sys.path``), every share checked (``check_task``); a broken task
+    is ``parser.error``, its one line."""
+    from fedpriv.data import default_data_dir
+    from fedpriv.task import TaskError, check_task, load_task
 
-    user = settings.privacy is PrivacyMode.USER
-    noise = settings.noise_multiplier
-    if noise is None and settings.target_epsilon is None:
-        noise = default_plan(settings.dataset).noise_multiplier
-    fed = Federation(
-        population=num_clients, rounds=settings.rounds, delta=settings.delta,
-        cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
-        sizes=tuple(share_sizes(settings, num_clients, partition_key)), lot_size=settings.lot_size,
-        local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
-        dataset=settings.dataset, count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
-        model=settings.model, max_grad_norm=settings.max_grad_norm, user_clip=settings.user_clip,
-        lattice_rounding=str(settings.lattice_rounding),
-    )
-    result = plan(fed)
-    print(table(result))
+    data_dir = Path(settings.data_dir) if settings.data_dir else default_data_dir()
+    try:
+        assert settings.task is not None  # the caller's branch
+        return check_task(load_task(settings.task), data_dir, settings.seed, num_clients, partition_key)
+    except TaskError as err:
+        if parser is None:
+            raise
+        parser.error(str(err))
+
+
+def dry_run(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> dict[str, Any]:
+    """``--dry-run``: the planner's plan of this run (``fedpriv.planning``; N public), printed
+    with what its rows mean."""
+    from fedpriv.planning import plan, table
+    from fedpriv.planning.__main__ import plan_notes
+    from simulations._advice import federation
+
+    result = plan(federation(settings, num_clients, sizes))
+    print("\n".join([table(result), *plan_notes(result)]))
     return result
+
+
+def _task_dimension(settings: RunSettings) -> int | None:
+    """The parameter count of the run's task's model (None without a task)."""
+    if settings.task is None:
+        return None
+    from fedpriv.task import load_task
+
+    return sum(p.numel() for p in load_task(settings.task).build_model(settings.seed).parameters())
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,
@@ -258,7 +285,7 @@ def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str,
     results depend on the thread count."""
     cpus = args.cpus_per_client or max(1, torch.get_num_threads() // args.clients)
     gpus = args.gpus_per_client
-    if gpus is None and torch.cuda.is_available():
+    if gpus is None and torch.cuda.is_available() and settings.task is None:  # a task's step is measured on its node
         from simulations._gpu import client_gpu_fraction
 
         gpus = client_gpu_fraction(settings, args.clients, torch.cuda.get_device_properties(0).total_memory)
@@ -271,11 +298,12 @@ def backend_config(args: argparse.Namespace, settings: RunSettings) -> dict[str,
 
 def simulate(
     num_clients: int, overrides: dict[str, Any], backend: dict[str, Any] | None = None,
-    flower_delivery: bool = False,
+    flower_delivery: bool = False, app_dir: Path = PROJECT_ROOT,
 ) -> float:
     """Run the apps on ``num_clients`` simulated SuperNodes; returns wall seconds. Messages
     reach the actors through ``simulations._delivery`` unless ``flower_delivery`` (Flower's
-    own loop, O(nodes × messages) per sweep: for measuring it)."""
+    own loop, O(nodes × messages) per sweep: for measuring it). ``app_dir``: the app whose
+    pyproject.toml names the apps and the run config (a user's app: ``simulations.run``)."""
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -285,13 +313,13 @@ def simulate(
     from simulations._delivery import one_pass_delivery
     from simulations._flower_private import run_simulation, set_task_identity
 
-    components = get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["components"]
+    components = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
     # What _run_simulation does for a run it creates itself, plus our overrides.
     run = Run.create_empty(run_id=SIMULATION_RUN_ID)
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
     set_task_identity(run_id=run.run_id, task_id=1, node_id=SUPERLINK_NODE_ID)
-    run_config = get_fused_config_from_dir(PROJECT_ROOT, run.override_config)
+    run_config = get_fused_config_from_dir(app_dir, run.override_config)
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=run_config)
     backend = backend or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {}}
@@ -309,32 +337,41 @@ def simulate(
             backend_name="ray",
             backend_config=backend,
             server_app_context=context,
-            app_dir=str(PROJECT_ROOT),
+            app_dir=str(app_dir),
         )
     return time.perf_counter() - start
 
 
-def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
+def main(dataset: str | None, argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+         app_dir: Path = PROJECT_ROOT) -> dict[str, Any]:
     """Parse flags, simulate, add the total wall time to results.json, plot it. A run that
-    could train nothing (every budget in ``--state-dir`` spent) stops before Ray starts."""
-    parser = build_parser(dataset)
+    could train nothing (every budget in ``--state-dir`` spent) stops before Ray starts.
+    ``dataset`` None: the user's app in ``app_dir`` (``simulations.run``, with its ``parser``)."""
+    parser = parser or build_parser(str(dataset))
     args = parser.parse_args(argv)
     use_cache_dir(parser, args.cache_dir)
     overrides = run_config_overrides(args, dataset)
     from flwr.common.config import get_fused_config_from_dir
 
-    run_config = get_fused_config_from_dir(PROJECT_ROOT, overrides)
+    run_config = get_fused_config_from_dir(app_dir, overrides)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
-    check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
+    sizes = check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key
     if args.dry_run:
-        return dry_run(settings, args.clients, settings.seed)
-    out = Path(overrides["out"])
-    check_out(parser, out, bool(settings.resume))
+        return dry_run(settings, args.clients, sizes)
+    from simulations._advice import before_training
+
+    budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
+    try:
+        advice = before_training(settings, args.clients, sizes, budget)
+    except ValueError as err:
+        parser.error(str(err))
+    for line in advice:
+        print(f"{parser.prog}: {line}", file=sys.stderr, flush=True)
+    out = Path(overrides["out"])  # checked by simulations._command, before anything heavy
     with contextlib.ExitStack() as stack:
         state_dir = Path(args.state_dir).resolve() if args.state_dir else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedpriv-state-")))
-        budget = args.client_epsilon_budget or args.epsilon_budget or args.target_epsilon
         policy = simulated_node_policy(run_config, state_dir, budget, args.num_examples_noise, args.clients)
         policy_file = stack.enter_context(node_policy_env(policy, state_dir, args.clients))
         trust = secagg_trust(policy_file) if policy.get("allow-distributed") else None
@@ -344,7 +381,7 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
             parser.exit(1, f"{parser.prog}: {reason}\n")
         warn_seeded()  # this process's one warning, once it will run; each node process prints its own
         stack.enter_context(console(out / LOG_FILE))  # Flower's and Ray's notices in the log, not the terminal
-        wall = simulate(args.clients, overrides, backend_config(args, settings))
+        wall = simulate(args.clients, overrides, backend_config(args, settings), app_dir=app_dir)
         from simulations._spent import node_epsilon
 
         node_spent = node_epsilon(state_dir, args.clients, settings.delta)
@@ -366,15 +403,6 @@ def main(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
     if not results["rounds"]:
         raise SystemExit(1)  # nothing trained: not a result
     return results
-
-
-def check_out(parser: argparse.ArgumentParser, out: Path, resume: bool) -> None:
-    """``--out`` must not hold an earlier run's results (they would be mixed with this one's):
-    one ``parser.error`` line naming them. ``--resume`` continues into any folder."""
-    held = sorted(name for name in OUT_FILES if (out / name).exists())
-    if held and not resume:
-        parser.error(f"argument --out: {out} already holds a run's results ({', '.join(held)}): "
-                     "choose another --out, or remove them")
 
 
 def summary(results: dict[str, Any], out: Path) -> str:

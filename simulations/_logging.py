@@ -13,12 +13,15 @@ no colour codes where nobody sees colours.
   (Should the default change, ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` keeps today's behaviour.)
 - Flower colours its level names with ANSI codes; when stderr is not a terminal (a log
   file, a pipe) they are left out.
+- Flower's FedAvg warns "fraction_evaluate is set to 0.0. Federated evaluation will be
+  skipped": fedpriv's default, the server measuring test accuracy itself (a notice).
 
 ``console(log_path)`` goes further for a whole command: every Flower record also goes to
 ``log_path``, and the notices a user can do nothing about go *only* there (``NOTICES``:
 Flower's deprecation and preview banners, about APIs this project calls, and its
 "Manually terminating ClientAppActor", logged by every simulated node on a clean
-shutdown; Ray's and Flower's deprecation warnings; Ray's advice on its log deduplication).
+shutdown; Ray's and Flower's deprecation warnings; Ray's advice on its log deduplication;
+each simulated node's copy of the seeded-randomness warning, printed once by the command).
 Lines the Ray actors print reach the terminal through ``sys.stdout``/``sys.stderr``, with
 Ray's colour codes left out where those are not a terminal.
 """
@@ -38,9 +41,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 RAY_ACCELERATOR_TIP = "Tip: In future versions of Ray, Ray will no longer override accelerator visible devices"
+FRACTION_EVALUATE_ZERO = "fraction_evaluate is set to 0.0"
+"""Flower's FedAvg warns so when federated evaluation is off, fedpriv's default: the server
+measures test accuracy itself every round, and no node spends budget on an evaluation."""
 NOTICES = ("DEPRECATED FEATURE", "PREVIEW FEATURE", "FEATURE UPDATE", "Manually terminating ClientAppActor",
-           RAY_ACCELERATOR_TIP)
+           RAY_ACCELERATOR_TIP, FRACTION_EVALUATE_ZERO)
 """A log record or printed line holding one of these goes to the log file only."""
+ACTOR_LINE = re.compile(r"^\(\w+ pid=\d+(?:, ip=[^)]*)?\) ")
+"""Ray's prefix of a line a worker printed: ``(ClientAppActor pid=10593) ``."""
 RAY_DEDUP_ADVICE = re.compile(r" \(Ray deduplicates logs by default\..*?\)")
 """Appended by Ray to the first deduplicated line: a URL of its logging options."""
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -61,8 +69,13 @@ def quiet_console() -> None:
 
 
 def is_notice(text: str) -> bool:
-    """Whether ``text`` (a log message or a printed line) is a notice for the log file only."""
-    return any(notice in text for notice in NOTICES)
+    """Whether ``text`` (a log message or a printed line) is a notice for the log file only: one
+    of ``NOTICES``, or a simulated node's copy of the seeded-randomness warning, which the
+    command (their operator) printed once for all of them."""
+    from fedpriv.federation.seeded import SEEDED_RISK
+
+    return any(notice in text for notice in NOTICES) or \
+        (SEEDED_RISK in text and bool(ACTOR_LINE.match(ANSI.sub("", text))))
 
 
 def terminal_text(line: str, colours: bool) -> str:
@@ -202,9 +215,16 @@ def _in_package(filename: str, packages: tuple[str, ...]) -> bool:
     return any(part in packages and "site-packages" in parts[:i] for i, part in enumerate(parts))
 
 
-def command_log(prog: str, out: Path | None) -> Path:
-    """Where a command that writes one ``--out`` file logs: beside it (``r.json`` → ``r.log``),
-    else ``fedpriv-<module>-<pid>.log`` in the temporary folder."""
+@contextlib.contextmanager
+def command_log(prog: str, out: Path | None) -> Iterator[Path]:
+    """Where a command that writes one ``--out`` file logs while the block runs: beside it
+    (``r.json`` → ``r.log``, kept), else ``fedpriv-<module>-<pid>.log`` in the temporary
+    folder, removed when the block ends (it holds only the notices kept off the terminal)."""
     if out is not None:
-        return out.with_suffix(".log")
-    return Path(tempfile.gettempdir()) / f"fedpriv-{prog.split()[-1]}-{os.getpid()}.log"
+        yield out.with_suffix(".log")
+        return
+    path = Path(tempfile.gettempdir()) / f"fedpriv-{prog.split()[-1]}-{os.getpid()}.log"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)

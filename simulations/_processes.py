@@ -3,7 +3,9 @@
 Shared by ``simulations.deployment`` and the tests that deploy for real. Every process is
 started in its own process group and recorded in a ``Processes``, whose exit stops each
 group by PID (SIGTERM, then SIGKILL): the SuperLink's and SuperNodes' own children
-(SuperExec, ServerApp, ClientApps) go with them, on success, error or Ctrl-C.
+(SuperExec, ServerApp, ClientApps) go with them, on success, error or Ctrl-C. Each one's
+output goes to its log file without Flower's colour codes, and, where asked, to the
+terminal too (notices kept to the file, as ``simulations._logging`` keeps them).
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import IO, TextIO
 
 import httpx
 
 from fedpriv.certificates import TlsFiles
 from fedpriv.federation.policy import POLICY_ENV
+from simulations._logging import ANSI, is_notice, terminal_text
 
 BIN = Path(sys.executable).parent
 """The venv's scripts: flower-superlink, flower-supernode, flwr, ray."""
@@ -88,14 +93,33 @@ def supernode_command(superlink: str, node_config: str, ca_cert: Path | None, ke
 
 @dataclass
 class Started:
-    """One process this program started, and where its output goes."""
+    """One process this program started, where its output goes, and the thread copying it there."""
 
     name: str
     process: subprocess.Popen
     log: Path
+    copier: threading.Thread | None = None
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+OUTPUT_DRAIN_S = 5.0
+"""How long ``Processes.wait`` waits, after an exit, for the copier to reach the end of its output."""
+
+
+def copy_output(stream: IO[bytes], log: Path, echo: TextIO | None) -> None:
+    """Each line of ``stream`` to ``log`` (appended, without colour codes) as it comes, and
+    to ``echo`` too, but notices (colours kept only where ``echo`` is a terminal)."""
+    colours = bool(echo is not None and echo.isatty())
+    with log.open("a", encoding="utf-8") as file:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            file.write(ANSI.sub("", line))
+            file.flush()
+            if echo is not None and not is_notice(line):
+                echo.write(terminal_text(line, colours))
+                echo.flush()
 
 
 class Processes:
@@ -108,12 +132,16 @@ class Processes:
         self.seen: dict[int, str] = {}  # pid -> its start time, so a reused pid is left alone
 
     def start(self, name: str, command: Sequence[str], env: Mapping[str, str], log: Path,
-              cwd: Path | None = None) -> Started:
+              cwd: Path | None = None, echo: TextIO | None = None) -> Started:
+        """Start ``command``, its output copied to ``log`` (and ``echo``: ``copy_output``)."""
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            process = subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-        started = Started(name, process, log)
+        process = subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        assert process.stdout is not None  # a pipe was asked for
+        copier = threading.Thread(target=copy_output, args=(process.stdout, log, echo), name=f"{name} output",
+                                  daemon=True)
+        copier.start()
+        started = Started(name, process, log, copier)
         self.started.append(started)
         return started
 
@@ -125,13 +153,16 @@ class Processes:
                     self.seen.setdefault(pid, start)
 
     def wait(self, started: Started, timeout: float | None = None) -> int:
-        """``started``'s exit code, tracking descendants meanwhile; ``TimeoutExpired`` past ``timeout``."""
+        """``started``'s exit code once its output is in its log, tracking descendants meanwhile;
+        ``TimeoutExpired`` past ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := started.process.poll()) is None:
             self.track()
             if timeout is not None and deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(started.process.args, timeout)
             time.sleep(0.5)
+        if started.copier is not None:  # a child that outlives it may hold the pipe: not forever
+            started.copier.join(OUTPUT_DRAIN_S)
         return code
 
     def wait_until(self, ready: Callable[[], bool], started: Started, timeout: float, what: str) -> None:

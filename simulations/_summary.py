@@ -14,9 +14,6 @@ from typing import Any
 
 from simulations._cli import write_out
 
-MANY_CLIENTS = 10
-"""Past this many clients, ε is summarised (min, median, max) instead of listed."""
-
 
 def metric_text(name: str, value: float | None) -> str:
     """A metric as a reader reads it: accuracies in %, errors to 4 significant digits."""
@@ -27,12 +24,13 @@ def metric_text(name: str, value: float | None) -> str:
 
 def epsilon_line(client_epsilon: Mapping[str, float], delta: float, source: str) -> str:
     """``ε per client (source, δ = 1e-05): 0: 2.0000, 1: 2.0000`` (summarised past ``MANY_CLIENTS``)."""
-    from server.history import by_client, epsilon_summary
+    from server.history import MANY_CLIENTS, by_client, epsilon_summary, epsilon_text
 
     if len(client_epsilon) > MANY_CLIENTS:
         listed = epsilon_summary(client_epsilon.values())
     else:
-        listed = ", ".join(f"{client}: {float(eps):.4f}" for client, eps in by_client(dict(client_epsilon)).items())
+        listed = ", ".join(f"{client}: {epsilon_text(float(eps))}"
+                           for client, eps in by_client(dict(client_epsilon)).items())
     return f"ε per client ({source}, δ = {delta:g}): {listed}"
 
 

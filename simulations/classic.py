@@ -193,7 +193,7 @@ def federated(
 
     from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
-    from server import classic
+    from server.classic import loops as classic
     from simulations._classic_nodes import run_on_nodes
 
     dataset = ALGORITHMS[algorithm]
@@ -285,8 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_out(args.out, json.dumps(result, indent=2))
         print(json.dumps(result["mean"]))
         return result
-    log = command_log(PROG, args.out)
-    with flower_console(bool(args.clients), log):
+    with command_log(PROG, args.out) as log, flower_console(bool(args.clients), log):
         result = run(args.algorithm, args.epsilon, args.seed, args.clients, args.iterations)
     report(summary_lines(result), result, args.out, log)
     return result

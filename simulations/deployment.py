@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from simulations._cli import (
     PROJECT_ROOT,
@@ -280,12 +280,13 @@ class Deployment:
                                f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
 
-    def start_run(self, app: Path, config: Mapping[str, Any]) -> Any:
-        """``flwr run`` of ``app`` with ``config``, streaming the run's log to ``DIR/run.log``."""
+    def start_run(self, app: Path, config: Mapping[str, Any], echo: TextIO | None = None) -> Any:
+        """``flwr run`` of ``app`` with ``config``, streaming the run's log to ``DIR/run.log``
+        (and to ``echo``, the terminal, as it comes)."""
         from simulations._processes import BIN
 
         command = [str(BIN / "flwr"), "run", str(app), FEDERATION, "--run-config", config_arg(config), "--stream"]
-        return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out)
+        return self.processes.start("flwr run", command, self.env, self.out / "run.log", cwd=self.out, echo=echo)
 
     def node_epsilons(self, delta_: float) -> dict[str, dict[str, Any]]:
         """Each node's spent ε at ``delta_`` and entry count, read from its own ledger, and the
@@ -396,6 +397,8 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     and the server's count, and everything in ``out``. In user level (``resolved.user_level``)
     the two are different guarantees, each labelled: a node's record-level ε in its own
     ledger, beside its budget, and a client's user-level ε in the server's population ledger."""
+    from server.history import epsilon_text
+
     accuracy = results.get("final_accuracy") if results.get("rounds") else None
     server = results.get("final_epsilon", {})
     lines = [f"rounds run: {len(results.get('rounds', []))}"
@@ -403,15 +406,16 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
              + ", test accuracy: " + ("none, no round was trained" if accuracy is None else f"{100 * accuracy:.2f} %")]
     of = f" of target {target:g}" if target is not None else ""
     if (user := (results.get("resolved") or {}).get("user_level")) is not None:
-        lines += [f"node {client}: record-level ε = {node['epsilon']:.4f}"
+        lines += [f"node {client}: record-level ε = {epsilon_text(node['epsilon'])}"
                   + (f" of budget {budget:g}" if budget is not None else "")
                   + f" in its own ledger ({len(node['entries'])} entries); client {client}: user-level "
-                  f"ε = {float(server.get(client, 0.0)):.4f}{of} in the server's population ledger "
+                  f"ε = {epsilon_text(float(server.get(client, 0.0)))}{of} in the server's population ledger "
                   f"(z = {user['noise_multiplier']:g}, q = {user['sample_rate']:g})"
                   for client, node in nodes.items()]
     else:
-        lines += [f"node {client}: ε = {node['epsilon']:.4f}{of} in its own ledger "
-                  f"({len(node['entries'])} entries); the server's ledger: ε = {float(server.get(client, 0.0)):.4f}"
+        lines += [f"node {client}: ε = {epsilon_text(node['epsilon'])}{of} in its own ledger "
+                  f"({len(node['entries'])} entries); the server's ledger: "
+                  f"ε = {epsilon_text(float(server.get(client, 0.0)))}"
                   for client, node in nodes.items()]
     from fedpriv.federation.policy import SecAggTrust
 
@@ -421,6 +425,11 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     lines.append(f"written to {out}: " + ", ".join(path.name + "/" * path.is_dir() for path in entries)
                  + f"; each node's ledger: {out / 'nodes'}/<i>/state/ledger.json")
     return "\n".join(lines)
+
+
+def progress(message: str) -> None:
+    """A stage of the deployment, on the terminal as it starts."""
+    print(f"python -m simulations.deployment: {message}", flush=True)
 
 
 def node_budget(parser: Parser, args: Any) -> float:
@@ -492,11 +501,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         deployment.prepare(budget, args.delta, app, Path(args.data_dir) if args.data_dir else None,
                            mode_policy(fused, args.nodes))
         try:
+            progress(f"starting the SuperLink (TLS, node authentication) and {args.nodes} SuperNodes; their logs: "
+                     f"{out / 'superlink'}, {out / 'nodes'}/<i>/supernode.log")
             deployment.start_superlink()
             for i in range(args.nodes):
                 deployment.start_node(i)
             deployment.wait_online(args.nodes)
-            run = deployment.start_run(out / "app", config)
+            progress(f"{args.nodes} SuperNodes online; flwr run: the run's log follows (also in {out / 'run.log'})")
+            run = deployment.start_run(out / "app", config, echo=sys.stdout)
             code = deployment.processes.wait(run)
         except ProcessError as err:
             raise SystemExit(f"python -m simulations.deployment: {err}") from None

@@ -152,7 +152,7 @@ def centralized(args: argparse.Namespace, method: str, epsilon: float, seed: int
 
 def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     """FedAvg of local training across ``--clients`` nodes in Flower's simulation engine
-    (``clients.classic_app``'s ``dpdropout`` release, ``server.classic.federated_dpdropout``):
+    (``clients.classic.client_app``'s ``dpdropout`` release, ``server.classic.loops.federated_dpdropout``):
     one local epoch per round, rounds = epochs, every node at the centralized q; each node
     books every round in its own durable ledger before reading its data, and its ε is read
     back from that ledger."""
@@ -163,7 +163,7 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
 
     from fedpriv.algorithms import dpdropout
     from fedpriv.algorithms.datasets import load as load_split
-    from server.classic import federated_dpdropout
+    from server.classic.loops import federated_dpdropout
     from simulations._classic_nodes import run_on_nodes
 
     _, y, x_test, y_test = load_split(args.dataset, args.seed)
@@ -259,10 +259,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.with_suffix(".md").write_text(text)
         return outcome
     method = args.method or "dpd"
-    log = command_log(PROG, args.out)
+    log: Path | None = None  # a federated run's, where it is kept
     try:
         if args.clients:
-            with flower_console(True, log):
+            with command_log(PROG, args.out) as log, flower_console(True, log):
                 outcome = federated(args, method)
         else:
             outcome = centralized(args, method, args.epsilon, args.seed,

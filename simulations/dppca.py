@@ -121,7 +121,7 @@ def centralized(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
 def federated(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
               ) -> tuple[float, PrivacyLedger, TrainingPlan]:
     """Across K simulated Flower nodes: the projection from their noisy matrices, then
-    ``--epochs`` FedAvg rounds of one local DP-SGD epoch each (``server.classic.federated_dppca``).
+    ``--epochs`` FedAvg rounds of one local DP-SGD epoch each (``server.classic.loops.federated_dppca``).
     Every node samples at the centralized q = lot / N with the divisor q × N/K (the public
     share size), so one σ, calibrated with the PCA's event as a prior, serves every node.
     The ledger returned is the nodes' own entries, read back from their durable ledgers."""
@@ -130,7 +130,7 @@ def federated(args: argparse.Namespace, sigma_p: float, train: Any, test: Any
     from fedpriv.algorithms import dppca
     from fedpriv.privacy import Budget, PrivacyLedger
     from fedpriv.training import evaluate
-    from server import classic
+    from server.classic import loops as classic
     from simulations._classic_nodes import run_on_nodes
 
     num_examples = len(train.labels)
@@ -245,9 +245,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pca_noise(args)
     except (DatasetNotFoundError, ValueError) as err:
         parser.error(str(err))
-    log = command_log(PROG, args.out)
     try:
-        with flower_console(bool(args.clients), log):
+        with command_log(PROG, args.out) as log, flower_console(bool(args.clients), log):
             result = run(args)
     except (DatasetNotFoundError, ValueError) as err:  # e.g. a budget the PCA alone exhausts
         parser.error(str(err))

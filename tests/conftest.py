@@ -2,6 +2,9 @@
 two workers by default (pytest-xdist), the tests that start clusters on one of them; and
 nothing a test starts outlives it."""
 
+import ast
+import functools
+import gc
 import itertools
 import os
 import time
@@ -11,18 +14,16 @@ from pathlib import Path
 import pytest
 
 from tests.processes import MARK_ENV, describe, leftovers, reap
-from tests.timeouts import scaled
+from tests.timeouts import ray_start_waits, scaled
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 WORKERS = 2
 """pytest-xdist workers when no ``-n`` is given (``-n 0`` or ``-p no:xdist``: none)."""
-CLUSTERS = ("tests/flower/test_deployment.py", "tests/flower/test_deployment_userlevel.py",
-            "tests/flower/test_ray_cluster.py", "tests/flower/test_cifar_simulation.py",
-            "tests/flower/test_flwr_run.py", "tests/flower/test_simulation.py",
-            "tests/algorithms/test_classic_command.py::test_federated_across_two_flower_clients")
-"""Tests that start a Ray cluster or a Flower deployment (many processes each, mostly
-waiting): one at a time, on one worker; the others fill the second."""
+CLUSTER = "cluster"
+"""The mark of a test that starts a Ray cluster or a Flower deployment (pyproject's
+markers): many processes each, mostly waiting, so xdist runs them one at a time on one
+worker while the others fill the second; ``-m "not cluster"`` leaves them out."""
 SESSION = uuid.uuid4().hex[:12]
 _TESTS = itertools.count(1)
 
@@ -37,24 +38,79 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadgroup`` with the cluster tests as one group, chosen here by node id
-    (xdist's ``xdist_group`` mark renames node ids, which pytest 9.2 ignores)."""
+    """``--dist loadgroup`` with the ``cluster`` tests as one group, chosen here by node id
+    (xdist's ``xdist_group`` mark renames node ids, which pytest 9.2 ignores; the scheduler
+    sees node ids only, so the marks are read from the test files: ``cluster_node_ids``)."""
     if config.option.dist != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
+    clusters = cluster_node_ids()
+
     class ClustersApart(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "clusters" if nodeid.startswith(CLUSTERS) else super()._split_scope(nodeid)
+            return "clusters" if _in(nodeid, clusters) else super()._split_scope(nodeid)
 
     return ClustersApart(config, log)
 
 
+@functools.cache
+def cluster_node_ids() -> tuple[str, ...]:
+    """Node ids (of modules, or of functions with all their parameters) marked ``cluster``
+    in the test files: a module's ``pytestmark`` or a test function's decorator."""
+    def marked(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == CLUSTER for n in ast.walk(node))
+
+    found = []
+    for path in sorted((PROJECT_ROOT / "tests").rglob("test_*.py")):
+        module = ast.parse(path.read_text(), str(path))
+        name = path.relative_to(PROJECT_ROOT).as_posix()
+        if any(isinstance(s, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in s.targets)
+               and marked(s.value) for s in module.body):
+            found.append(name)
+        found += [f"{name}::{s.name}" for s in module.body
+                  if isinstance(s, ast.FunctionDef) and any(marked(d) for d in s.decorator_list)]
+    return tuple(found)
+
+
+def _in(nodeid: str, prefixes: tuple[str, ...]) -> bool:
+    return any(nodeid == p or nodeid.startswith((f"{p}::", f"{p}[")) for p in prefixes)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The marks ``cluster_node_ids`` reads are the marks pytest sees (a mark given another
+    way, e.g. in ``pytest.param``, would run a cluster beside another)."""
+    clusters = cluster_node_ids()
+    differ = [item.nodeid for item in items if (item.get_closest_marker(CLUSTER) is not None)
+              != _in(item.nodeid, clusters)]
+    if differ:
+        raise pytest.UsageError(f"mark these {CLUSTER} as a module's pytestmark or a test's decorator: "
+                                f"{', '.join(differ)}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Collection imports scipy, Flower, hypothesis and every test module: millions of objects
+    that live as long as the process, which the cyclic GC would scan again and again (about
+    a sixth of collection's time). It is off while they load; then they are frozen (out of
+    the GC's generations, as ``gc.freeze`` is meant for) and it is on again for the tests."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Mark every process this session starts (see tests/processes.py); Ray's start limit
-    scales with the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``)."""
+    """Mark every process this session starts (see tests/processes.py); fedpriv's limit on
+    Ray's start and Ray's own start-up waits (``tests.timeouts.RAY_START_WAITS``) scale with
+    the tests' (``$FEDPRIV_TEST_TIMEOUT_SCALE``): a busy machine slows a cluster test down
+    rather than failing it. A value already in the environment is kept."""
     os.environ[MARK_ENV] = SESSION
     os.environ.setdefault("FEDPRIV_RAY_START_TIMEOUT", f"{scaled(300):g}")
+    for name, seconds in ray_start_waits().items():
+        os.environ.setdefault(name, seconds)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedpriv.certificates import main, write_node_key, write_tls
+from tests.timeouts import scaled
 
 
 def _handshake(server_files, client_ca, host="127.0.0.1") -> None:
@@ -32,11 +33,11 @@ def _handshake(server_files, client_ca, host="127.0.0.1") -> None:
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with socket.create_connection(("127.0.0.1", port), timeout=scaled(10)) as raw:
                 with client_ctx.wrap_socket(raw, server_hostname=host) as tls:
                     tls.sendall(b"x")
         finally:
-            thread.join(timeout=10)
+            thread.join(timeout=scaled(10))
 
 
 def test_the_superlink_certificate_verifies_against_its_ca_only(tmp_path):

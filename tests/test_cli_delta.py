@@ -14,6 +14,7 @@ from fedpriv.federation.settings import RunSettings
 from simulations._cli import federated_parser
 from simulations._federated import check_delta
 from simulations._project import PROJECT_ROOT
+from tests.timeouts import scaled
 
 
 def test_the_issues_command_with_delta_one_half_is_one_line_exit_2(shared_data_dir):
@@ -21,7 +22,7 @@ def test_the_issues_command_with_delta_one_half_is_one_line_exit_2(shared_data_d
     done = subprocess.run([sys.executable, "-m", "simulations.mnist", "--clients", "2", "--delta", "0.5",
                            "--limit-train", "100", "--data-dir", str(shared_data_dir)],
                           cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(300))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr[-3000:]
     assert len(lines) == 1 and done.stdout == "", done.stderr[-3000:]  # nothing of Ray or Flower

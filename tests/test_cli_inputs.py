@@ -52,7 +52,7 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
 
 
-# {empty} is a folder without any data set in it.
+# {empty} is a folder without any data set in it; {held} holds an earlier run's results.json.
 CASES = {
     # refused after argparse (first, so that the slow ones start first)
     "mnist-resume-without-state-dir": Case("simulations.mnist", ("--resume",), "--resume", "checked"),
@@ -70,7 +70,12 @@ CASES = {
     "benchmark-accountant-repeats-0": Case("benchmarks.accountant", ("--repeats", "0"), "--repeats", "checked"),
     "deployment-missing-data": Case("simulations.deployment", ("--nodes", "2", "--rounds", "1", "--out", "{empty}/d",
                                                                "--data-dir", "{empty}"), "--data-dir", "checked"),
-    # refused by argparse
+    # refused by argparse, or by the cheap checks beside it (no torch imported)
+    "mnist-out-holds-results": Case("simulations.mnist", ("--out", "{held}", "--data-dir", "{empty}/nowhere"),
+                                    "--out"),
+    "cifar-out-holds-results": Case("simulations.cifar", ("--out", "{held}"), "--out"),
+    "mnist-data-dir-not-a-folder": Case("simulations.mnist", ("--out", "{empty}/run", "--data-dir", "{empty}/nowhere"),
+                                        "--data-dir"),
     "mnist-target-epsilon-negative": Case("simulations.mnist", ("--target-epsilon", "-1"), "--target-epsilon"),
     "mnist-delta-2": Case("simulations.mnist", ("--delta", "2"), "--delta"),
     "mnist-rounds-0": Case("simulations.mnist", ("--rounds", "0"), "--rounds"),
@@ -114,12 +119,12 @@ class Outcome:
     """CPU seconds (user + system) of the command's process."""
 
 
-def _run(case: Case, empty: Path) -> Outcome:
+def _run(case: Case, empty: Path, held: Path) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(case.env)}
     if case.env:  # no exceptions to the dead proxy
         for name in ("no_proxy", "NO_PROXY"):
             env.pop(name, None)
-    argv = [arg.replace("{empty}", str(empty)) for arg in case.argv]
+    argv = [arg.replace("{empty}", str(empty)).replace("{held}", str(held)) for arg in case.argv]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen([sys.executable, "-m", case.module, *argv], cwd=ROOT, env=env,
                                    stdout=out, stderr=err, text=True)
@@ -138,8 +143,10 @@ def _run(case: Case, empty: Path) -> Outcome:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     empty = tmp_path_factory.mktemp("no-data")
+    held = tmp_path_factory.mktemp("held")
+    (held / "results.json").write_text("{}\n")
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        futures = {name: pool.submit(_run, case, empty) for name, case in CASES.items()}
+        futures = {name: pool.submit(_run, case, empty, held) for name, case in CASES.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -166,6 +173,8 @@ def test_messages(outcomes: dict[str, Outcome]) -> None:
     assert line("mnist-fraction-train-0").endswith("argument --fraction-train: must be in (0, 1], got 0")
     assert "--resume needs --state-dir" in line("mnist-resume-without-state-dir")
     assert "MNIST not found" in line("mnist-missing-data") and "--download" in line("mnist-missing-data")
+    assert "already holds a run's results (results.json)" in line("mnist-out-holds-results")
+    assert "no such folder" in line("mnist-data-dir-not-a-folder")
     download = line("mnist-download-fails")
     assert "downloading MNIST" in download and "failed" in download and "Connection refused" in download
 

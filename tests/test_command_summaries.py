@@ -16,6 +16,7 @@ import pytest
 from simulations import classic, dpdropout, dppca
 from simulations._federated import summary
 from simulations._summary import report
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def test_an_out_folder_with_results_is_refused_in_one_line(tmp_path, shared_data
     done = subprocess.run([sys.executable, "-m", "simulations.mnist", "--clients", "2", "--rounds", "1",
                            "--limit-train", "600", "--data-dir", str(shared_data_dir), "--out", str(tmp_path)],
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=scaled(300))
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line == (f"python -m simulations.mnist: error: argument --out: {tmp_path} already holds a run's "

@@ -15,7 +15,10 @@ from logging import INFO, WARNING
 from flwr.supercore import log
 from flwr.supercore.logger import warn_deprecated_feature
 
-from simulations._logging import console, terminal_text
+from fedpriv.federation.seeded import SEEDED_RISK
+from simulations._logging import command_log, console, terminal_text
+from simulations._processes import Processes, base_env
+from tests.timeouts import scaled
 
 ESC = "\x1b["
 # as Ray's driver prints an actor's line: its prefix coloured by Ray, the level by Flower
@@ -66,6 +69,36 @@ def test_notices_go_to_the_log_file_only(tmp_path):
     assert ESC not in shown and ESC not in logged
 
 
+def test_the_nodes_copies_of_the_seeded_warning_and_flowers_evaluation_notice_go_to_the_log_only(tmp_path):
+    """The command prints the seeded-randomness warning once for all its simulated nodes; each
+    Ray actor's own copy, and Flower's warning that federated evaluation is off (fedpriv's
+    default: the server evaluates), reach the log file only."""
+    path = tmp_path / "run.log"
+    with terminal() as (out, err), console(path):
+        sys.stderr.write(f"fedpriv warning: {SEEDED_RISK}\n")  # the command's own
+        for pid in (10593, 10594):
+            sys.stderr.write(f"{ESC}36m(ClientAppActor pid={pid}){ESC}0m fedpriv warning: {SEEDED_RISK}\n")
+        log(WARNING, "fraction_evaluate is set to 0.0. Federated evaluation will be skipped.")
+        log(WARNING, "Node 7 did not describe itself: refused")
+    shown, logged = err.getvalue() + out.getvalue(), path.read_text()
+    assert shown.count(SEEDED_RISK) == 1 and logged.count(SEEDED_RISK) == 2
+    assert "fraction_evaluate" not in shown and "fraction_evaluate is set to 0.0" in logged
+    assert "Node 7 did not describe itself" in shown
+
+
+def test_a_deployed_processs_output_reaches_its_log_without_colours_and_the_terminal_without_notices(tmp_path):
+    script = ("print('\\x1b[92mINFO \\x1b[0m: [ROUND 1/2]'); "
+              "print('\\x1b[93mWARNING \\x1b[0m: fraction_evaluate is set to 0.0. Federated evaluation skipped.')")
+    echo = io.StringIO()
+    with Processes() as processes:
+        started = processes.start("printer", [sys.executable, "-c", script], base_env(), tmp_path / "p.log",
+                                  echo=echo)
+        assert processes.wait(started, timeout=scaled(60)) == 0
+    logged = (tmp_path / "p.log").read_text()
+    assert ESC not in logged and "INFO : [ROUND 1/2]" in logged and "fraction_evaluate" in logged
+    assert echo.getvalue() == "INFO : [ROUND 1/2]\n"
+
+
 def test_console_is_undone_afterwards(tmp_path):
     flwr = logging.getLogger("flwr")
     handlers = list(flwr.handlers)
@@ -93,3 +126,19 @@ def test_colours_kept_on_a_terminal():
     assert terminal_text(ACTOR_LINE, colours=True) == ACTOR_LINE
     assert terminal_text(ACTOR_LINE, colours=False) == \
         "(ClientAppActor pid=10593) computing scattering features for 4000 images\n"
+
+
+def test_a_command_without_out_leaves_no_log_behind(tmp_path):
+    """A command writing one ``--out`` file keeps its log beside it; without ``--out`` the log is
+    a temporary file, gone when the command ends (also when it fails)."""
+    for failing in (False, True):
+        with contextlib.suppress(RuntimeError), command_log("python -m simulations.classic", None) as path, \
+                terminal(), console(path):
+            log(INFO, "round 1/5")
+            assert "round 1/5" in path.read_text()
+            if failing:
+                raise RuntimeError("a failed run")
+        assert not path.exists()
+    with command_log("python -m simulations.classic", tmp_path / "r.json") as path, terminal(), console(path):
+        log(INFO, "round 1/5")
+    assert path == tmp_path / "r.log" and "round 1/5" in path.read_text()

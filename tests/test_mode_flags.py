@@ -85,15 +85,16 @@ def test_what_the_table_calls_unused_leaves_the_run_unchanged(mode, key, values,
     outcomes = []
     for value in values:
         root = tmp_path / str(value)
-        config = {"rounds": 1, "min-clients": 2, "limit-train": 40, "limit-test": 20, "model": "mlp", "seed": 3,
+        config = {"rounds": 1, "min-clients": 3, "limit-train": 40, "limit-test": 20, "model": "mlp", "seed": 3,
                   "lot-size": 10, "lr": 0.1, "noise-multiplier": 1.0, "data-dir": str(shared_data_dir),
                   "state-dir": str(root / "server"), **privacy, key: value}
-        nodes = {10 + i: node_config(i, 2, root, **{
+        nodes = {10 + i: node_config(i, 3, root, **{
             "epsilon-budget": 100.0, "public-num-examples": True, "data-dir": str(shared_data_dir),
             "randomness": "seeded", "seed": 5 + i, "allow-distributed": True, "allow-central-user": True,
-            "min-cohort": 2}) for i in range(2)}
+            "min-cohort": 2, "uncertified-cohort": "own-share"}) for i in range(3)}
         history = run_server(InProcessGrid(config, nodes), config)
+        assert not any(r.discarded for r in history.rounds), history.rounds  # the mode ran, not refused
         entries = {i: [(e.split("/", 1)[1], ev) for e, ev in booked(root / f"node{i}")[str(i)].items()]
-                   for i in range(2)}
+                   for i in range(3)}
         outcomes.append((history.model_sha256, entries, history.final_epsilon()))
     assert outcomes[0] == outcomes[1]

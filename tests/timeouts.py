@@ -36,6 +36,19 @@ def scaled(seconds: float) -> float:
     return seconds * scale()
 
 
+RAY_START_WAITS = {"RAY_raylet_start_wait_time_s": 120, "RAY_worker_register_timeout_seconds": 240,
+                   "RAY_py_gcs_connect_timeout_s": 120}
+"""Ray's own start-up waits (its config, read from ``RAY_<name>`` by each of its processes),
+in seconds before scaling: how long a driver waits for its node to register with the GCS
+(Ray's default 30 s), a raylet for a worker it started to register (60 s), a process to
+reach the GCS (30 s). Other clusters and CPU-bound jobs beside the tests slow all three."""
+
+
+def ray_start_waits() -> dict[str, str]:
+    """``RAY_START_WAITS`` scaled (whole seconds, as Ray reads them)."""
+    return {name: str(math.ceil(scaled(seconds))) for name, seconds in RAY_START_WAITS.items()}
+
+
 def wait_for(condition: Callable[[], bool], process: Polled, what: str, seconds: float) -> None:
     """Poll ``condition`` until true; fail if ``process`` ends first or after ``scaled(seconds)``."""
     limit = scaled(seconds)

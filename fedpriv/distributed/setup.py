@@ -100,7 +100,7 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
                       target_epsilon: float | None, delta: float,
                       rounding: Rounding = Rounding.NEAREST, prior_events: Sequence[DpEvent] = (),
                       released: Sequence[float] = (), count_noise: float = 0.0,
-                      choose_lot: bool = False) -> DistributedSetup:
+                      choose_lot: bool = False, dimension: int | None = None) -> DistributedSetup:
     """A distributed run's setup: with ``choose_lot`` (the run names no lot) the plan's lot is
     ``large_lot(total_examples)``; q = lot / ΣN (the released N's, capped: ``total_examples``),
     the coarsest lattice within ``fine_scale``'s inflation for the model, σ calibrated so that
@@ -108,13 +108,15 @@ def distributed_setup(plan: TrainingPlan, total_examples: float, cohort: int, ro
     (unless σ is the plan's) beside ``prior_events`` (a node's earlier releases), and the
     smallest modulus the sum of the ``cohort`` nodes cannot wrap in (``sum_lattice``; the
     nodes' ``released`` counts, uncapped, with margin ``count_noise``: default, ``cohort``
-    nodes of ``total_examples`` / ``cohort`` records each)."""
+    nodes of ``total_examples`` / ``cohort`` records each). ``dimension``: the model's
+    parameter count (by default the plan's ``fedpriv.models`` model's; a user's task passes
+    its own)."""
     if cohort < 1 or total_examples < 1:
         raise ValueError(f"a distributed run needs a cohort >= 1 and records, got {cohort} and {total_examples}")
     if choose_lot:
         plan = dataclasses.replace(plan, lot_size=large_lot(total_examples))
     q = min(1.0, plan.lot_size / total_examples)
-    dimension = sum(p.numel() for p in build_model(plan.model, 0).parameters())
+    dimension = dimension or sum(p.numel() for p in build_model(plan.model, 0).parameters())
     rounding = Rounding(rounding)
     lattice = Lattice(fine_scale(plan.max_grad_norm, dimension, rounding=rounding), plan.max_grad_norm, dimension,
                       rounding=rounding)

@@ -268,7 +268,8 @@ def _timeline(
     """Live bytes after each op of one step on ``batch`` random examples (a model copy)."""
     probe = dataclasses.replace(probe_config(config), max_physical_batch_size=batch)
     seeded = torch.Generator(device).manual_seed(0)  # the caller's global RNG is left alone
-    features = torch.randn(batch, *sample_shape, dtype=dtype, device=device, generator=seeded)
+    features = torch.randn(batch, *sample_shape, dtype=dtype, device=device, generator=seeded) \
+        if dtype.is_floating_point else torch.zeros(batch, *sample_shape, dtype=dtype, device=device)  # token ids
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     copied = copy.deepcopy(model)
     opt = optimizer(copied) if optimizer else torch.optim.SGD(copied.parameters(), lr=0.0, momentum=0.9)

@@ -1,4 +1,4 @@
-"""What the classic algorithms' server (``server.classic``) and nodes (``clients.classic_app``)
+"""What the classic algorithms' server (``server.classic``) and nodes (``clients.classic.client_app``)
 say to each other: record names, the ledger entry of a release, the flat weight vectors
 training releases carry, and ``Request``, the node's checked reading of a request.
 

@@ -82,6 +82,7 @@ class RunSettings:
 
     dataset: str = "mnist"
     model: str | None = None
+    task: str | None = None
     rounds: int = 3
     min_clients: int = 2
     local_epochs: int = 1
@@ -123,6 +124,7 @@ class RunSettings:
     user_noise: UserNoise = UserNoise.CENTRAL
 
     def __post_init__(self) -> None:
+        self._check_task()
         if self.dataset not in DATASETS:
             raise SettingsError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         for name in ("rounds", "local_epochs", "min_clients"):
@@ -153,6 +155,13 @@ class RunSettings:
         self._check_distributed()
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
             raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
+
+    def _check_task(self) -> None:
+        """A user's task (``fedpriv.task``) names a module, and brings its own model."""
+        if self.task is not None and not self.task.isidentifier():
+            raise SettingsError(f"task must name a Python module of the app (e.g. \"task\"), got {self.task!r}")
+        if self.task is not None and self.model is not None:
+            raise SettingsError("task: a user's task brings its own model() (leave model unset)")
 
     def _check_distributed(self) -> None:
         """SecAgg+'s neighbours per node are 0 (the full graph) or even (a Harary graph)."""
@@ -238,7 +247,7 @@ def _parse(field: str, value: Any) -> Any:
             return LRSchedule(value) if value else None
         if field in ("data_dir", "out", "state_dir"):
             return str(value) or None
-        if field == "model":
+        if field in ("model", "task"):
             return str(value) or None
         if field == "dataset":
             return str(value)

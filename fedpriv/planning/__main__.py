@@ -1,6 +1,7 @@
 """``python -m fedpriv.planning`` (also ``python -m fedpriv.privacy plan``): each privacy mode's
-noise, ε per round and noise-to-signal for a federation's shape, as a table (``--out``: JSON,
-``--plot``: PNG); reads no data and no ledger; invalid input gives one line on stderr and exit 2."""
+noise, ε per round and noise-to-signal for a federation's shape, as a table and what its rows
+mean (``--out``: JSON, ``--plot``: PNG); reads no data and no ledger; invalid input, and a fixed
+σ that affords no round in any mode planned, give one line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from fedpriv.model_names import MODELS
 from fedpriv.planning.planner import PLANNERS, Federation, plan, plot, table
@@ -66,6 +68,32 @@ def _data_sizes(path: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def no_round_affordable(result: dict[str, Any]) -> list[str]:
+    """The planned modes whose noise affords not one round within the target ε, each with ε
+    after its first round (``local: epsilon 10.17 after one round``)."""
+    return [f"{m['mode']}: epsilon {m['epsilon'][0]:.4g} after one round" for m in result["modes"].values()
+            if m["available"] and m["rounds_affordable"] == 0]
+
+
+def plan_notes(result: dict[str, Any]) -> list[str]:
+    """What the plan's rows mean, for the modes in it: a reader of the table needs no docstring."""
+    modes = {m["mode"]: m for m in result["modes"].values() if m["available"]}
+    units: dict[str, list[str]] = {}
+    for name, m in modes.items():  # "C per example, per DP-SGD step (one step per round)": its first part
+        units.setdefault(m["unit"].split(" (")[0], []).append(name)
+    bounds = "; ".join(", ".join(names) + f": {unit}" for unit, names in units.items())
+    notes = ["noise-to-signal: the std of the noise in the aggregated update, per coordinate, in units of one "
+             f"contribution's bound ({bounds}), for a cohort of clients of the mean size; the lower, the more the "
+             "model learns per round."]
+    if "distributed" in modes:
+        local = modes.get("local")
+        notes.append("distributed takes one DP-SGD step per round, on one lot of about "
+                     f"{modes['distributed']['lot_size']} records drawn from all clients' data: its rounds planned "
+                     "are DP-SGD steps" + (f", where a round of local mode is {local['steps_per_round']} steps on each "
+                                           "client" if local else "") + ".")
+    return notes
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m fedpriv.planning") -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     parser = build_parser(prog)
@@ -85,7 +113,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m fedpriv.planning"
         result = plan(fed, args.privacy or tuple(PLANNERS))
     except (OSError, ValueError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    print(table(result))
+    if none := no_round_affordable(result):
+        line = (f"noise multiplier {args.noise_multiplier:g} affords no round within target epsilon "
+                f"{args.target_epsilon:g} ({', '.join(none)})")
+        if len(none) == sum(m["available"] for m in result["modes"].values()):
+            parser.exit(2, f"{parser.prog}: error: {line}: raise --noise-multiplier or --target-epsilon\n")
+        print(f"{parser.prog}: warning: {line}", file=sys.stderr)
+    print("\n".join([table(result), *plan_notes(result)]))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:

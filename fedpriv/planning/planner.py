@@ -84,6 +84,8 @@ class Federation:
     max_grad_norm: float | None = None
     user_clip: float = 1.0
     lattice_rounding: str = "nearest"
+    model_dimension: int | None = None
+    """The planned model's parameter count where ``fedpriv.models`` cannot build it (a user's task)."""
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.rounds < 1 or self.local_epochs < 1:
@@ -116,6 +118,8 @@ class Federation:
     @property
     def dimension(self) -> int:
         """The number of parameters of the planned model (torch: the distributed modes' lattice)."""
+        if self.model_dimension is not None:
+            return self.model_dimension
         from fedpriv.models import build_model
 
         return sum(t.numel() for t in build_model(self.training_plan().model, 0).state_dict().values())
@@ -247,7 +251,8 @@ def plan_distributed(fed: Federation) -> dict[str, Any]:
     total = sum(min(n, cap) for n in fed.sizes)
     target = fed.target_epsilon if fed.noise_multiplier is None else None  # a given σ is the run's
     setup = distributed_setup(fed.training_plan(), total, fed.population, fed.rounds, target, fed.delta,
-                              Rounding(fed.lattice_rounding), released=fed.sizes, choose_lot=fed.lot_size is None)
+                              Rounding(fed.lattice_rounding), released=fed.sizes, choose_lot=fed.lot_size is None,
+                              dimension=fed.model_dimension)
     (round_event,) = setup.events
     sigma = setup.plan.noise_multiplier
     return _mode(fed, "distributed", round_event, sigma, setup.sample_rate, sigma / (setup.sample_rate * total), 1,

@@ -1,5 +1,6 @@
 """``python -m fedpriv.privacy epsilon|sigma|ledger show|plan``: one JSON object (or, for
-``ledger show`` and ``plan``, a table) on stdout; invalid input gives one line on stderr and exit 2.
+``ledger show`` and ``plan``, a table) on stdout; invalid input, and an ε no σ reaches, give one
+line on stderr and exit 2.
 ``plan`` is ``python -m fedpriv.planning``'s, delegated to (the planner sits above accounting)."""
 
 from __future__ import annotations
@@ -131,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.steps == 0:
             parser.error("steps must be >= 1 to calibrate, got 0")
-        sigma = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps, args.accountant)
+        try:
+            sigma = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps,
+                                               args.accountant)
+        except ValueError as err:  # no σ the search covers reaches ε
+            parser.exit(2, f"{parser.prog}: error: {err} at sample rate {args.sample_rate:g}, {args.steps} steps "
+                           f"and delta {args.delta:g} ({args.accountant}): raise --epsilon or lower the steps\n")
         achieved = epsilon_of(dpsgd_event(sigma, args.sample_rate, args.steps), args.delta, args.accountant)
         out = base | {"noise_multiplier": sigma, "epsilon": args.epsilon, "achieved_epsilon": achieved,
                       "delta": args.delta, "sample_rate": args.sample_rate, "steps": args.steps}

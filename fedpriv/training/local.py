@@ -22,12 +22,14 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.dpsgd import TrainReport, train_dpsgd
 from fedpriv.dpsgd.augmentation import Augmentation
 from fedpriv.dpsgd.engine import spent_events
 from fedpriv.dpsgd.memory import StepMemory, device_budget, fit_batch, measure_step_memory, probe_config
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.privacy.events import DpEvent
 from fedpriv.seeding import round_generators
 from fedpriv.training.plan import OptimizerKind, TrainingPlan
@@ -43,7 +45,7 @@ _STEP_MEMORY: dict[tuple[Any, ...], StepMemory] = {}
 
 def with_physical_batch(
     plan: TrainingPlan, model: nn.Module, features: torch.Tensor, device: torch.device | str, secure: bool = False,
-    fit: bool = False, augment: Augmentation | None = None,
+    fit: bool = False, augment: Augmentation | None = None, loss_fn: LossFn = F.cross_entropy,
 ) -> TrainingPlan:
     """``plan`` with a physical batch: its own, or the largest whose measured step (with the
     plan's model, optimizer and clipping; ``secure``: the CSPRNG's noise) fits
@@ -59,10 +61,12 @@ def with_physical_batch(
     config = dataclasses.replace(plan.dpsgd_config(len(features), physical_batch=1), secure_mode=secure)
     sample_shape = tuple(features.shape[1:]) if augment is None else augment.input_shape
     multiplicity = 1 if augment is None else augment.multiplicity
-    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device)
+    key = (plan.model, plan.optimizer, plan.momentum > 0, probe_config(config), sample_shape, features.dtype, device,
+           loss_fn, sum(p.numel() for p in model.parameters()))  # a user's task: its model and loss
     if key not in _STEP_MEMORY:
         _STEP_MEMORY[key] = measure_step_memory(
-            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype
+            model, sample_shape, config, optimizer=lambda m: make_optimizer(m, plan, 1), dtype=features.dtype,
+            loss_fn=loss_fn,
         )
     size = max(1, fit_batch(_STEP_MEMORY[key], device_budget(device), max_batch=len(features) * multiplicity)
                // multiplicity)
@@ -93,6 +97,7 @@ def train_round(
     num_examples: int | None = None,
     fit_physical_batch: bool = False,
     augment: Augmentation | None = None,
+    loss_fn: LossFn = F.cross_entropy,
 ) -> TrainReport:
     """One round of local DP-SGD for ``client`` in round ``round_`` (1-based), in place.
 
@@ -110,7 +115,8 @@ def train_round(
     ``fit_physical_batch`` a plan's own is capped at that too (a node, whose plan comes from
     the server, never computes more at once than its memory holds).
     ``augment``: augmentation multiplicity (``fedpriv.dpsgd.augmentation``; the events are
-    unchanged), its generator the caller's, drawn for this round.
+    unchanged), its generator the caller's, drawn for this round. ``loss_fn``: the mean loss
+    of a batch (a user's task's ``loss``).
     """
     if num_examples is None:
         num_examples = len(labels)
@@ -120,7 +126,7 @@ def train_round(
     model.to(device)
     features, labels = features.to(device), labels.to(device)
     config = with_physical_batch(plan, model, features, device, secure, fit_physical_batch,
-                                 augment).dpsgd_config(num_examples)
+                                 augment, loss_fn).dpsgd_config(num_examples)
     if secure:
         config, sampling, noise = dataclasses.replace(config, secure_mode=True), None, None
     else:
@@ -137,6 +143,7 @@ def train_round(
         progress=progress,
         expected_lot_size=config.sample_rate * num_examples,
         augment=augment,
+        loss_fn=loss_fn,
     )
 
 

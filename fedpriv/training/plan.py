@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from fedpriv.dpsgd import Clipping, DPSGDConfig, steps_per_epoch
-from fedpriv.model_names import MODELS
+from fedpriv.model_names import MODELS, TASK_MODEL
 from fedpriv.privacy import calibrate_noise_multiplier, dpsgd_event
 from fedpriv.privacy.events import DpEvent
 
@@ -74,8 +74,9 @@ class TrainingPlan:
     shared_sample_rate: float | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model not in MODELS and self.model != TASK_MODEL:
+            raise ValueError(f"model must be one of {', '.join(MODELS)} (or {TASK_MODEL!r}: a user's task), "
+                             f"got {self.model!r}")
         for name in ("lot_size", "local_epochs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -150,6 +151,8 @@ _DEFAULT_PLANS: dict[str, TrainingPlan] = {
                           lr=4.0),
     "cifar10": TrainingPlan(model="cifar_cnn", lot_size=1024, max_grad_norm=0.1, noise_multiplier=1.0, lr=4.0,
                             lr_schedule=LRSchedule.COSINE),
+    # A user's task (fedpriv.task): generic defaults, which its app's run config overrides.
+    TASK_MODEL: TrainingPlan(model=TASK_MODEL, lot_size=256, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.5),
 }
 
 

@@ -5,6 +5,7 @@ from a ledger, centralized and across Flower clients; the summary printed before
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,14 @@ KEYS = {"algorithm", "epsilon", "clients", "metric_name", "metric", "nonprivate_
 
 
 def _run(*argv: str) -> dict:
-    """The JSON of a run: from ``--out`` where given (stdout's last line names it), else stdout's last line."""
+    """The JSON of a run: from ``--out`` where given (stdout's last line names it), else stdout's last line;
+    no log left in the temporary folder."""
+    logs = set(Path(tempfile.gettempdir()).glob("fedpriv-simulations.classic-*.log"))
     done = subprocess.run([sys.executable, "-m", "simulations.classic", *argv], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=scaled(1200))  # a hang guard
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert set(Path(tempfile.gettempdir()).glob("fedpriv-simulations.classic-*.log")) <= logs
+    assert "log: " not in done.stdout or "--out" in argv
     last = done.stdout.strip().splitlines()[-1]
     if "--out" in argv:
         out = argv[argv.index("--out") + 1]
@@ -52,6 +57,7 @@ def test_centralized_json(algorithm, name, spent, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.parametrize("algorithm, spent", [("linreg", 2.0), ("ann-iris", 2.0)])
 def test_federated_across_two_flower_clients(algorithm, spent):
     result = _run(algorithm, "--epsilon", "2", "--clients", "2")

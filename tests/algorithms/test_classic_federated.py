@@ -5,11 +5,11 @@ never answers one entry twice; the server drops a share that does not match the 
 import numpy as np
 import pytest
 
-from clients.classic_app import app
+from clients.classic.client_app import app
 from fedpriv.algorithms import kmeans, linreg
 from fedpriv.algorithms.datasets import load
 from fedpriv.privacy import PrivacyLedger, make_accountant
-from server.classic import federated_dplloyd, federated_linreg
+from server.classic.loops import federated_dplloyd, federated_linreg
 from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -47,7 +47,7 @@ def test_federated_linreg_books_epsilon_per_node_and_fits(tmp_path):
 
 def test_a_node_refuses_a_release_over_its_budget_before_reading_data(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
     grid = _grid(tmp_path, 2, budget=1.0)
     _, shares = federated_linreg(grid, "diabetes", 0, 2.0, DIABETES)
     assert len(shares.refused) == 2 and all("exceed its budget" in r for r in shares.refused.values())
@@ -67,7 +67,7 @@ def test_federated_dplloyd_spends_epsilon_over_its_iterations_and_clusters(tmp_p
 
 def test_a_replayed_release_is_refused_and_a_bad_share_dropped(tmp_path, monkeypatch):
     grid = _grid(tmp_path, 2, budget=10.0)
-    monkeypatch.setattr("server.classic.secrets.token_hex", lambda n: "a" * (2 * n))  # the server repeats its key
+    monkeypatch.setattr("server.classic.loops.secrets.token_hex", lambda n: "a" * (2 * n))  # the server repeats its key
     federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
     _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
     assert all("already ran" in reason for reason in shares.refused.values()) and len(shares.refused) == 2
@@ -87,7 +87,7 @@ def test_a_replayed_release_is_refused_and_a_bad_share_dropped(tmp_path, monkeyp
         return reply
 
     grid.client_app = cheat
-    monkeypatch.setattr("server.classic.secrets.token_hex", lambda n: "b" * (2 * n))
+    monkeypatch.setattr("server.classic.loops.secrets.token_hex", lambda n: "b" * (2 * n))
     _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
     assert list(shares.refused) == ["1"] and list(shares.events) == ["0"]
 
@@ -97,7 +97,7 @@ def test_federated_ann_books_each_round_and_composes_to_epsilon_under_dp_account
 
     from fedpriv.algorithms import iris
     from fedpriv.privacy.events import to_dp_accounting
-    from server.classic import AnnPlan, federated_ann
+    from server.classic.loops import AnnPlan, federated_ann
 
     grid = _grid(tmp_path, 3, budget=10.0)
     model, shares = federated_ann(grid, "iris", 0, 10.0, 1e-5, share_size=40)
@@ -120,7 +120,7 @@ def test_federated_ann_books_each_round_and_composes_to_epsilon_under_dp_account
 
 
 def test_federated_output_perturbation_books_every_answer_and_refuses_past_the_budget(tmp_path):
-    from server.classic import federated_answers
+    from server.classic.loops import federated_answers
 
     grid = _grid(tmp_path, 2, budget=300.0)
     _, _, x_test, y_test = load("iris", 0)
@@ -138,7 +138,7 @@ def test_a_noiseless_or_malformed_training_or_query_request_is_refused_and_books
     of another model, or queries of the wrong width: every node refuses before booking."""
     from fedpriv.algorithms import iris
     from fedpriv.privacy.events import LaplaceEvent
-    from server.classic import Shares, _ask
+    from server.classic.loops import Shares, _ask
 
     grid = _grid(tmp_path, 2, budget=100.0)
     ann = {"algorithm": "ann-iris", "dataset": "iris", "seed": 0, "run-key": "run-" + "ab" * 6, "sample-rate": 0.5,
@@ -162,7 +162,7 @@ def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_pat
     """A kind whose noise is weaker than its booked cost (here: a release claiming half the
     ε it booked, as a halved noise scale would) sends no values: the node's check fails closed,
     with a fixed reason (the details stay in the node's log)."""
-    from clients import classic_app
+    from clients.classic import client_app as classic_app
     from fedpriv.federation import protocol
     from fedpriv.privacy.events import LaplaceEvent
 

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from clients.classic_app import TRAINING_SHAPES, Node, Share, app
+from clients.classic.client_app import TRAINING_SHAPES, Node, Share, app
 from fedpriv.algorithms import dpdropout, iris
 from fedpriv.algorithms.datasets import client_share, load
 from fedpriv.data import load_dataset
 from fedpriv.privacy.events import LaplaceEvent
-from server.classic import Shares, _ask
+from server.classic.loops import Shares, _ask
 from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")

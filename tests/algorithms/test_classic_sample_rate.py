@@ -5,10 +5,10 @@
 import numpy as np
 import pytest
 
-from clients.classic_app import app
+from clients.classic.client_app import app
 from fedpriv.algorithms import iris
 from fedpriv.privacy.events import LaplaceEvent
-from server.classic import Shares, _ask
+from server.classic.loops import Shares, _ask
 from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 def test_a_training_request_at_an_unrepresentable_sample_rate_is_refused_before_booking(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
     nodes = {i: node_config(i, 2, tmp_path, **{"epsilon-budget": 100.0, "randomness": "seeded", "seed": 1})
              for i in range(2)}
     grid = InProcessGrid({}, nodes, client_app=app)

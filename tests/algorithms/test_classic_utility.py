@@ -41,7 +41,7 @@ def test_federated_release_is_the_exact_sum_plus_one_laplace_per_node(tmp_path, 
     """K nodes each charge their records ε, as centralized does; without secure aggregation
     each share carries its own Laplace(b), so the sum's noise is that of K of them (variance
     K·2b²), not the centralized Laplace(b): a KS test for each, on the quadratic sums."""
-    from server.classic import federated_linreg
+    from server.classic.loops import federated_linreg
 
     clients, runs, epsilon = 3, 60, 1.0
     bounds = stated_bounds("linreg")

@@ -223,11 +223,11 @@ def test_the_table_has_every_method_beside_the_paper(tmp_path):
 def test_federated_dpd_books_every_round_in_each_node_and_stops_at_the_budget(tmp_path):
     from dataclasses import replace
 
-    from clients.classic_app import app
+    from clients.classic.client_app import app
     from fedpriv.algorithms.datasets import load
     from fedpriv.privacy import PrivacyLedger
     from fedpriv.privacy.events import to_dp_accounting
-    from server.classic import federated_dpdropout
+    from server.classic.loops import federated_dpdropout
     from tests.flower.inprocess import InProcessGrid, node_config
 
     nodes = {i: node_config(i, 3, tmp_path, **{"epsilon-budget": 4.0, "delta": 1e-4, "randomness": "seeded",
@@ -254,8 +254,8 @@ def test_federated_dpd_books_every_round_in_each_node_and_stops_at_the_budget(tm
 
 @pytest.mark.usefixtures("task_identity")
 def test_a_node_refuses_a_malformed_dpd_request_before_booking(tmp_path):
-    from clients.classic_app import app
-    from server.classic import federated_dpdropout
+    from clients.classic.client_app import app
+    from server.classic.loops import federated_dpdropout
     from tests.flower.inprocess import InProcessGrid, booked, node_config
 
     grid = InProcessGrid({}, {0: node_config(0, 1, tmp_path, **{"epsilon-budget": 4.0, "randomness": "seeded",

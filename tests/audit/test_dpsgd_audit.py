@@ -13,6 +13,7 @@ from fedpriv.audit.dpsgd import CanaryAudit, audit_dpsgd
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
 from fedpriv.seeding import generator
+from tests.timeouts import scaled
 
 
 @pytest.mark.parametrize("mode", ["vmap", "bookkeeping"])
@@ -81,7 +82,7 @@ def test_a_small_distributed_audit_stays_below_its_claim_and_its_no_noise_contro
 def test_an_unknown_privacy_mode_is_refused_in_one_line():
     done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", "central",
                            "--target-epsilon", "2", "--out", "unused.json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "invalid choice: 'central'" in done.stderr
 

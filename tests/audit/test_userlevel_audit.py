@@ -11,6 +11,7 @@ import dp_accounting
 import pytest
 
 from fedpriv.audit.dpsgd import CanaryAudit, NotAvailableError, audit_dpsgd
+from tests.timeouts import scaled
 
 
 def _small(data_dir, **kw):
@@ -54,7 +55,7 @@ def test_the_command_audits_user_level(shared_data_dir, tmp_path):
     done = subprocess.run([sys.executable, "-m", "simulations.audit", "dpsgd", "--privacy", "user", "--canaries", "20",
                            "--train-size", "20", "--epochs", "1", "--clients", "2", "--target-epsilon", "2",
                            "--data-dir", str(shared_data_dir), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(300))
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert (result["mode"], result["clients"], result["one_run"]["canaries"]) == ("user", 2, 20)

@@ -2,6 +2,7 @@
 worked on an earlier fedpriv and must now fail (docs/threat-model.md lists them)."""
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -30,12 +31,21 @@ from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-# partition 0 of 2 of the first 200 training examples, under the default partition-key
-N = len(local_data(RunSettings.from_run_config({"limit-train": 200}), {"partition-id": 0, "num-partitions": 2},
-                   SHARED_DATA, partition_key=0).labels)
-# q = 1 and one plain SGD step: the update is exactly -lr (S + σC z) / N, S the clipped sum
-PLAN = TrainingPlan(model="cnn", lot_size=N, max_grad_norm=1.0, noise_multiplier=1.0, lr=1.0, momentum=0.0)
-ONE_ROUND = PLAN.round_events(N)
+@functools.cache
+def _size() -> int:
+    """N: partition 0 of 2 of the first 200 training examples, under the default partition-key
+    (read on first use: collecting the tests reads no data)."""
+    return len(local_data(RunSettings.from_run_config({"limit-train": 200}), {"partition-id": 0, "num-partitions": 2},
+                          SHARED_DATA, partition_key=0).labels)
+
+
+def _plan() -> TrainingPlan:
+    """q = 1 and one plain SGD step: the update is exactly -lr (S + σC z) / N, S the clipped sum."""
+    return TrainingPlan(model="cnn", lot_size=_size(), max_grad_norm=1.0, noise_multiplier=1.0, lr=1.0, momentum=0.0)
+
+
+def _one_round():
+    return _plan().round_events(_size())
 
 
 @pytest.fixture
@@ -56,7 +66,8 @@ def _send(context, content, message_type):
     return app(message, context)
 
 
-def _train(context, run_key="run-a", server_round=1, plan=PLAN, arrays=None):
+def _train(context, run_key="run-a", server_round=1, plan=None, arrays=None):
+    plan = plan or _plan()
     config = ConfigRecord({**protocol.plan_config(plan), protocol.SERVER_ROUND: server_round,
                            protocol.RUN_KEY: run_key})
     arrays = arrays or ArrayRecord(build_model(plan.model, 0).state_dict())
@@ -76,17 +87,17 @@ def _vector(reply_or_model) -> np.ndarray:
 
 
 def _update(reply) -> np.ndarray:
-    return _vector(reply) - _vector(build_model(PLAN.model, 0))
+    return _vector(reply) - _vector(build_model(_plan().model, 0))
 
 
 def _server_replay(run_config, noise_multiplier, seed):
     """The update the server computes itself, on the node's data, with a seed it knows."""
     data = local_data(RunSettings.from_run_config(run_config), {"partition-id": 0, "num-partitions": 2}, SHARED_DATA,
                       partition_key=0)
-    model = build_model(PLAN.model, 0)
-    train_round(model, data.features, data.labels, dataclasses.replace(PLAN, noise_multiplier=noise_multiplier),
+    model = build_model(_plan().model, 0)
+    train_round(model, data.features, data.labels, dataclasses.replace(_plan(), noise_multiplier=noise_multiplier),
                 seed=seed, client=0, round_=1, device="cpu")
-    return _vector(model) - _vector(build_model(PLAN.model, 0))
+    return _vector(model) - _vector(build_model(_plan().model, 0))
 
 
 def _spent(state, client="0", delta=1e-5):
@@ -100,11 +111,11 @@ def test_two_runs_at_sigma_and_2sigma_do_not_cancel_the_noise(run_config, tmp_pa
     policy = {"epsilon-budget": math.inf, "public-num-examples": True, **randomness}
     first = _train(_context(run_config, tmp_path, **policy), run_key="run-a")
     second = _train(_context(run_config, tmp_path, **policy), run_key="run-b",
-                    plan=dataclasses.replace(PLAN, noise_multiplier=2.0))
+                    plan=dataclasses.replace(_plan(), noise_multiplier=2.0))
     clean = _server_replay(run_config, 0.0, seed=0)
     residual = 2 * _update(first) - _update(second) - clean
     # ‖residual‖ = 2 lr σ C ‖z₁ − z₂‖ / N ≈ 2 √(2d) / N when the draws are independent
-    expected = 2 * math.sqrt(2 * len(clean)) / N
+    expected = 2 * math.sqrt(2 * len(clean)) / _size()
     assert 0.8 * expected < np.linalg.norm(residual) < 1.2 * expected
 
 
@@ -119,7 +130,7 @@ def test_the_server_cannot_regenerate_a_secure_nodes_noise(run_config, tmp_path)
 
 
 def test_a_second_run_and_a_restart_cannot_reset_the_budget(run_config, tmp_path):
-    one, two = (epsilon_of(ComposedEvent(ONE_ROUND * k), 1e-5) for k in (1, 2))
+    one, two = (epsilon_of(ComposedEvent(_one_round() * k), 1e-5) for k in (1, 2))
     policy = {"epsilon-budget": (one + two) / 2, "public-num-examples": True}
     assert not _train(_context(run_config, tmp_path, **policy), run_key="run-a").has_error()
     for run_id in (1, 2):  # the node restarts (a new Context) and a new run begins
@@ -132,7 +143,7 @@ def test_a_second_run_and_a_restart_cannot_reset_the_budget(run_config, tmp_path
 def test_a_replayed_round_is_refused_not_run_again(run_config, tmp_path):
     context = _context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True})
     assert not _train(context).has_error()
-    replay = _train(context, plan=dataclasses.replace(PLAN, noise_multiplier=50.0))
+    replay = _train(context, plan=dataclasses.replace(_plan(), noise_multiplier=50.0))
     assert replay.has_error() and "already ran" in replay.error.reason
     assert list(PrivacyLedger.load(tmp_path / "ledger.json").entries("0")) == [protocol.train_entry("run-a", 1)]
 
@@ -147,8 +158,8 @@ def test_a_node_without_a_budget_refuses_and_says_what_to_set(run_config, tmp_pa
 
 
 def test_the_run_config_can_tighten_the_policy_but_never_loosen_it(run_config, tmp_path):
-    one = epsilon_of(ComposedEvent(ONE_ROUND), 1e-5)
-    at_09 = epsilon_of(ComposedEvent(ONE_ROUND), 0.9)
+    one = epsilon_of(ComposedEvent(_one_round()), 1e-5)
+    at_09 = epsilon_of(ComposedEvent(_one_round()), 0.9)
     policy = {"epsilon-budget": (one + at_09) / 2, "public-num-examples": True}  # fits at δ 0.9, not at 1e-5
     loosen = {**run_config, "delta": 0.9, "client-epsilon-budget": 100.0}
     refusal = _train(_context(loosen, tmp_path, **policy))
@@ -167,7 +178,7 @@ def test_a_train_reply_carries_the_model_and_its_booked_events_and_nothing_else(
     reply = _train(context)
     assert set(reply.content.keys()) == {protocol.ARRAYS, protocol.PRIVACY}  # no loss, no N
     charge = protocol.read_charge(reply.content.config_records[protocol.PRIVACY])
-    assert charge.events == PLAN.round_events(released)  # q and steps of the released N, not the true one
+    assert charge.events == _plan().round_events(released)  # q and steps of the released N, not the true one
     assert PrivacyLedger.load(tmp_path / "ledger.json").entries("0")[charge.entry] == charge.events
 
 
@@ -181,7 +192,7 @@ def test_n_leaves_only_as_a_booked_gaussian_count(run_config, tmp_path):
         released.append(info[protocol.NUM_EXAMPLES])
     # Assert: the count is N + N(0, 20²) rounded: mean N, std 20 (5σ bounds), and booked
     released = np.array(released, dtype=float)
-    assert abs(released.mean() - N) < 5 * 20 / math.sqrt(400)
+    assert abs(released.mean() - _size()) < 5 * 20 / math.sqrt(400)
     chi2 = (len(released) - 1) * released.var(ddof=1) / (20**2 + 1 / 12)
     assert stats.chi2.sf(chi2, 399) > 1e-6 and stats.chi2.cdf(chi2, 399) > 1e-6
     ledger = PrivacyLedger.load(tmp_path / "0" / "ledger.json")
@@ -228,8 +239,8 @@ def test_a_model_that_makes_gradients_non_finite_still_gets_a_finite_reply(run_c
     assert not reply.has_error()
     assert np.isfinite(_vector(reply)).all()
     global_arrays = ArrayRecord(state)
-    problem = check_train_reply(reply, Charge(protocol.train_entry("run-a", 1), ONE_ROUND), global_arrays,
-                                update_norm_bound(PLAN, N, sum(v.numel() for v in state.values())))
+    problem = check_train_reply(reply, Charge(protocol.train_entry("run-a", 1), _one_round()), global_arrays,
+                                update_norm_bound(_plan(), _size(), sum(v.numel() for v in state.values())))
     assert problem is None
 
 
@@ -242,8 +253,8 @@ def test_a_model_that_makes_gradients_non_finite_still_gets_a_finite_reply(run_c
     lambda config, arrays: (None, arrays),
 ])
 def test_a_malformed_train_message_is_refused_and_books_nothing(run_config, tmp_path, mangle):
-    config = ConfigRecord({**protocol.plan_config(PLAN), protocol.SERVER_ROUND: 1, protocol.RUN_KEY: "run-a"})
-    config, arrays = mangle(config, ArrayRecord(build_model(PLAN.model, 0).state_dict()))
+    config = ConfigRecord({**protocol.plan_config(_plan()), protocol.SERVER_ROUND: 1, protocol.RUN_KEY: "run-a"})
+    config, arrays = mangle(config, ArrayRecord(build_model(_plan().model, 0).state_dict()))
     content = RecordDict({protocol.ARRAYS: arrays, **({protocol.CONFIG: config} if config is not None else {})})
     reply = _send(_context(run_config, tmp_path, **{"epsilon-budget": math.inf, "public-num-examples": True}),
                   content, MessageType.TRAIN)
@@ -287,7 +298,7 @@ def test_the_server_cannot_choose_which_folder_a_node_reads(run_config, tmp_path
         context = _context(config, tmp_path / name, **policy)
         size = _query(context).content.config_records[protocol.INFO][protocol.NUM_EXAMPLES]
         replies[name] = size, _update(_train(context))
-    assert replies["none"][0] == replies["other"][0] == N  # the same partition
+    assert replies["none"][0] == replies["other"][0] == _size()  # the same partition
     np.testing.assert_array_equal(replies["none"][1], replies["other"][1])  # the same update
     assert list(empty.iterdir()) == []  # nothing downloaded into the server's folder
 
@@ -312,9 +323,10 @@ def test_a_node_without_its_data_refuses_before_booking_anything(run_config, sha
 def test_a_server_cannot_make_a_node_compute_more_at_once_than_its_memory_holds(run_config, tmp_path, monkeypatch):
     # The server asks for one physical batch of a million examples (a lot of every record at
     # once could exhaust the node's memory). The node's own device budget here fits 10.
-    secure_step = dataclasses.replace(PLAN.dpsgd_config(N, physical_batch=1), secure_mode=True)  # the node's noise
-    memory = measure_step_memory(build_model(PLAN.model, 0), (1, 28, 28), secure_step,
-                                 optimizer=lambda m: training.make_optimizer(m, PLAN, 1))
+    # the node's noise
+    secure_step = dataclasses.replace(_plan().dpsgd_config(_size(), physical_batch=1), secure_mode=True)
+    memory = measure_step_memory(build_model(_plan().model, 0), (1, 28, 28), secure_step,
+                                 optimizer=lambda m: training.make_optimizer(m, _plan(), 1))
     monkeypatch.setattr(training, "device_budget", lambda device: memory.bytes_at(10))
     used = []
 
@@ -326,7 +338,7 @@ def test_a_server_cannot_make_a_node_compute_more_at_once_than_its_memory_holds(
     policy = {"epsilon-budget": math.inf, "public-num-examples": True}
     for requested in (10**6, 7):
         reply = _train(_context(run_config, tmp_path / str(requested), **policy),
-                       plan=dataclasses.replace(PLAN, max_physical_batch_size=requested))
+                       plan=dataclasses.replace(_plan(), max_physical_batch_size=requested))
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     # Assert: the node trained in batches that fit its memory; a smaller request it keeps
     assert used == [10, 7]

@@ -20,6 +20,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from simulations import _delivery
+from tests.timeouts import scaled
 
 
 @pytest.fixture(autouse=True)
@@ -101,10 +102,10 @@ def test_the_loop_feeds_the_queue_until_stopped():
     try:
         for node in nodes:
             _push(grid, node, str(nodes[node]))
-        got = [queue.get(timeout=5) for _ in nodes]
+        got = [queue.get(timeout=scaled(5)) for _ in nodes]
     finally:
         stop.set()
-        loop.join(timeout=5)
+        loop.join(timeout=scaled(5))
     assert not loop.is_alive() and queue.empty()
     assert sorted(m.metadata.dst_node_id for m in got) == sorted(nodes)
 

@@ -23,7 +23,7 @@ from tests.flower.inprocess import booked
 from tests.processes import describe, leftovers
 from tests.timeouts import scaled, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def _rdp_epsilon(ledger: PrivacyLedger, client: str, delta: float) -> float:

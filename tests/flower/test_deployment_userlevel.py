@@ -19,6 +19,8 @@ from simulations.deployment import summary
 from tests.processes import describe, leftovers
 from tests.timeouts import scaled
 
+pytestmark = pytest.mark.cluster
+
 NODES, COHORT, ROUNDS, Z, NODE_BUDGET, DELTA = 3, 2, 2, 1.0, 100.0, 1e-5
 N_NOISE = 20.0  # the default num-examples-noise of a node's policy: its DP count of N
 

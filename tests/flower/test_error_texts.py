@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients import classic_app
+from clients.classic import client_app as classic_app
 from clients.client_app import app
 from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import LaplaceEvent
 from fedpriv.training import TrainingPlan
-from server.classic import Shares, _ask
+from server.classic.loops import Shares, _ask
 from tests.conftest import SHARED_DATA
 from tests.flower.inprocess import InProcessGrid, initialised, node_config
 from tests.flower.metadata import set_metadata

@@ -10,6 +10,7 @@ from flwr.superlink.grid import HttpGrid
 
 from server.exchange import PULL_INTERVAL_S, send_and_receive
 from tests.flower.metadata import set_metadata
+from tests.timeouts import scaled
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -54,9 +55,10 @@ def test_returns_as_soon_as_the_last_reply_arrives():
     start = time.monotonic()
     replies = send_and_receive(grid, _messages([1, 2, 3]))
     elapsed = time.monotonic() - start
-    # Assert: every reply, once, collected within one pull interval of the last one
+    # Assert: every reply, once, collected within one pull interval of the last one (and a
+    # scheduling slack through the timeout scale: a busy machine runs the loop late)
     assert sorted(r.metadata.src_node_id for r in replies) == [1, 2, 3]
-    assert 0.5 <= elapsed < 0.5 + PULL_INTERVAL_S + 0.4
+    assert 0.5 <= elapsed < 0.5 + PULL_INTERVAL_S + scaled(0.4)
     assert grid.pulls >= 3
 
 
@@ -69,7 +71,7 @@ def test_a_silent_node_costs_the_timeout_and_the_others_replies_are_kept():
     elapsed = time.monotonic() - start
     # Assert
     assert [r.metadata.src_node_id for r in replies] == [1]
-    assert elapsed == pytest.approx(0.6, abs=PULL_INTERVAL_S + 0.3)
+    assert 0.6 <= elapsed < 0.6 + PULL_INTERVAL_S + scaled(0.3)
 
 
 def test_no_messages_means_no_pull():

@@ -13,7 +13,7 @@ import sys
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients import classic_app
+from clients.classic import client_app as classic_app
 from fedpriv.federation.policy import POLICY_ENV, PolicyError, load_policy
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.charge import Charge
@@ -21,6 +21,7 @@ from tests.conftest import PROJECT_ROOT, SHARED_DATA
 from tests.flower.inprocess import initialised
 from tests.flower.metadata import set_metadata
 from tests.flower.test_attacks import _evaluate, _query, _train
+from tests.timeouts import scaled
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 RUN_CONFIG = {"limit-train": 200, "limit-test": 200}
@@ -146,6 +147,7 @@ def test_a_corrupt_ledger_is_refused_without_naming_its_path(tmp_path, corrupt):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_simulated_node_whose_ledger_was_lost_refuses_while_the_other_trains_on(tmp_path, shared_data_dir):
     state = tmp_path / "state"
 
@@ -154,7 +156,7 @@ def test_a_simulated_node_whose_ledger_was_lost_refuses_while_the_other_trains_o
                                "--limit-train", "400", "--limit-test", "100", "--lot-size", "64", "--model", "cnn",
                                "--data-dir", str(shared_data_dir), "--state-dir", str(state), "--out", str(out)],
                               cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                              capture_output=True, text=True, timeout=600, check=False)
+                              capture_output=True, text=True, timeout=scaled(600), check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return json.loads((out / "results.json").read_text()), done.stdout + done.stderr
 

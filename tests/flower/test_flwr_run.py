@@ -24,7 +24,7 @@ from simulations._processes import (
 )
 from tests.timeouts import scaled, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 @contextlib.contextmanager

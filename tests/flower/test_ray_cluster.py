@@ -18,7 +18,7 @@ from simulations._federated import PROJECT_ROOT
 from simulations._processes import BIN, free_port
 from tests.timeouts import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 SMALL_RUN = ["--clients", "2", "--rounds", "1", "--limit-train", "200", "--limit-test", "100",
              "--noise-multiplier", "1"]
 

@@ -10,6 +10,7 @@ import sys
 
 from simulations._ray import WORKER_NICENESS_ENV
 from tests.conftest import PROJECT_ROOT
+from tests.timeouts import scaled
 
 SCRIPT = """
 import os, ray
@@ -27,7 +28,7 @@ with ray_cluster({}, {}):
 def test_ray_workers_run_at_the_drivers_niceness():
     env = {k: v for k, v in os.environ.items() if k != WORKER_NICENESS_ENV}
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**env, "PYTHONPATH": str(PROJECT_ROOT)})
+                          timeout=scaled(600), env={**env, "PYTHONPATH": str(PROJECT_ROOT)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("driver")]
     _, driver, _, worker = line.split()

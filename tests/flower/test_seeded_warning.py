@@ -11,13 +11,14 @@ import pytest
 
 from server.history import epsilon_summary
 from simulations._project import PROJECT_ROOT
+from tests.timeouts import scaled
 
 WARNING = "fedpriv warning: node randomness = seeded"
 
 
 def _stderr_of(program: str) -> str:
     done = subprocess.run([sys.executable, "-c", program], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=scaled(120))
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stderr
 
@@ -49,12 +50,13 @@ def test_the_epsilon_summary_names_the_randomness_where_known():
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_simulation_warns_and_records_seeded_randomness(tmp_path, shared_data_dir):
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "simulations.mnist", "--clients", "1", "--rounds", "1", "--noise-multiplier", "1.0",
          "--limit-train", "64", "--limit-test", "64", "--data-dir", str(shared_data_dir), "--out", str(out)],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=scaled(600))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     driver = [line for line in done.stderr.splitlines() if line.startswith(WARNING)]
     assert len(driver) == 1  # the command's own process; node processes' lines carry Ray's prefix

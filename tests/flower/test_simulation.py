@@ -13,11 +13,12 @@ import pytest
 
 from fedpriv.dpsgd import steps_per_epoch
 from fedpriv.federation import protocol
+from fedpriv.models import build_model, model_sha256
 from fedpriv.privacy import PrivacyLedger, dpsgd_event
 from simulations._federated import PROJECT_ROOT
 from tests.timeouts import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 CLIENTS, ROUNDS, TARGET, DELTA = 2, 2, 2.0, 1e-5
 
@@ -53,7 +54,7 @@ def two_runs(tmp_path_factory, shared_data_dir):
     state = root / "state"
     first = _start(_command(state, root / "out0", shared_data_dir, "0"))
     try:
-        stdout, stderr = first.communicate(timeout=300)
+        stdout, stderr = first.communicate(timeout=scaled(300))
     finally:
         first.kill()
     assert first.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -61,17 +62,32 @@ def two_runs(tmp_path_factory, shared_data_dir):
     first_ledgers = {path: path.read_bytes() for path in sorted(state.rglob("ledger.json"))}
     second = _start(_command(state, root / "out1", shared_data_dir, "1"))
     try:
-        out, err = second.communicate(timeout=300)
+        out, err = second.communicate(timeout=scaled(300))
     finally:
         second.kill()
     return state, ((results, stdout, stderr), (second.returncode, out, err)), first_ledgers
 
 
-def test_learns_above_chance(two_runs):
+def test_learns_every_round(two_runs):
+    # At seed 0 (seeded nodes: reproducible) the run went 0.118 -> 0.236 -> 0.453 in test
+    # accuracy and 2.55 -> 2.12 -> 1.79 in loss; a model that does not move, moves the wrong
+    # way or is averaged wrongly stays near the initial 0.12 (chance is 0.1).
     _, ((results, _, _), _), _ = two_runs
     assert [r["round"] for r in results["rounds"]] == [1, 2] and results["stopped"] is None
-    assert results["rounds"][-1]["test_accuracy"] > 0.2  # chance is 0.1
-    assert len(results["model_sha256"]) == 64 and results["wall_time_s"] > 0
+    accuracy = [results["initial"]["test_accuracy"]] + [r["test_accuracy"] for r in results["rounds"]]
+    loss = [results["initial"]["test_loss"]] + [r["test_loss"] for r in results["rounds"]]
+    assert accuracy[0] < accuracy[1] < accuracy[2] and accuracy[2] > 0.35, accuracy
+    assert loss[0] > loss[1] > loss[2], loss
+    assert results["final_accuracy"] == accuracy[2]
+    initial = model_sha256(build_model(results["resolved"]["model"], 0))
+    assert len(results["model_sha256"]) == 64 and results["model_sha256"] != initial and results["wall_time_s"] > 0
+
+
+def test_each_client_ends_within_its_target_and_close_to_it(two_runs):
+    # calibration spends the target (σ to 3 significant digits, rounded up), never more
+    _, ((results, _, _), _), _ = two_runs
+    assert sorted(results["final_epsilon"]) == [str(c) for c in range(CLIENTS)]
+    assert all(0.95 * TARGET <= float(e) <= TARGET for e in results["final_epsilon"].values())
 
 
 def test_ledgers_match_an_independent_computation(two_runs):

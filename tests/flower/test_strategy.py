@@ -212,3 +212,30 @@ def test_nodes_that_connect_later_join_and_a_reconnecting_client_keeps_its_ledge
     assert sorted(strategy.history.clients) == ["0", "1", "2", "3"]
     assert admitted == [[103, 104, 105, 106]]
     assert ledger.snapshot().entries("3") == {protocol.train_entry(RUN, 2): EVENTS}
+
+
+def test_a_round_of_many_clients_logs_their_epsilon_as_one_line(tmp_path):
+    """Up to ``MANY_CLIENTS`` a line per client; past it one line (min, median, max), so that a
+    round of 100 sampled clients does not print 100 lines."""
+    import logging
+
+    from server.history import MANY_CLIENTS
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        for count in (MANY_CLIENTS, MANY_CLIENTS + 2):
+            records.clear()
+            strategy, _ = _strategy(tmp_path / str(count), clients=[str(c) for c in range(count)])
+            sent = _send(strategy)
+            assert _aggregate(strategy, [_reply(m, 1.0) for m in sent.values()]) is not None
+            per_client = [r for r in records if r.startswith("\tclient ")]
+            summarised = [r for r in records if r.startswith("\tε of the round's clients")]
+            if count == MANY_CLIENTS:
+                assert len(per_client) == count and not summarised
+            else:
+                assert not per_client and len(summarised) == 1 and f"{count} clients, min " in summarised[0]
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)

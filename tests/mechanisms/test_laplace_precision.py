@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from clients.classic_app import app
+from clients.classic.client_app import app
 from fedpriv.algorithms import iris, kmeans, linreg
 from fedpriv.algorithms.box import Box
 from fedpriv.mechanisms import LATTICE_EXPONENT, laplace_event, laplace_mechanism, laplace_scale
 from fedpriv.privacy.events import LaplaceEvent
-from server.classic import Shares, _ask
+from server.classic.loops import Shares, _ask
 from tests.flower.inprocess import InProcessGrid, booked, node_config
 
 HUGE = 2.0**60  # floats near it are 2⁸ apart: noise of scale 1 cannot show
@@ -72,7 +72,7 @@ def test_the_algorithms_costs_refuse_what_their_release_would(monkeypatch):
 @pytest.mark.usefixtures("task_identity")
 def test_a_node_refuses_a_linreg_request_whose_noise_would_round_away_before_booking(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
     nodes = {i: node_config(i, 2, tmp_path, **{"epsilon-budget": 1e12, "randomness": "seeded", "seed": 1})
              for i in range(2)}
     config = {"algorithm": "linreg", "dataset": "diabetes", "seed": 0, "epsilon": 1e9, "step": 0,

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.timeouts import scaled
+
 SHAPE = ["--population", "1000", "--cohort", "100", "--rounds", "50", "--records-per-client", "60",
          "--target-epsilon", "5", "--delta", "1e-5"]
 
@@ -18,7 +20,7 @@ def _imported(modes: list[str]) -> dict[str, bool]:
     code = ("import json, sys; from fedpriv.privacy.__main__ import main; main(sys.argv[1:]); "
             "print(json.dumps({p: p in sys.modules for p in ('torch', 'flwr', 'matplotlib')}))")
     done = subprocess.run([sys.executable, "-c", code, "plan", *flags, *SHAPE], capture_output=True, text=True,
-                          timeout=300, check=True)
+                          timeout=scaled(300), check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from fedpriv.privacy import Budget, LaplaceEvent, LedgerError, LedgerStore, PrivacyLedger
+from tests.timeouts import scaled
 
 UNLIMITED = Budget(math.inf, 1e-5)
 CTX = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -42,7 +43,7 @@ def _run(target, path, n):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=scaled(60))
     for p in procs:
         if p.exitcode is None:
             p.kill()

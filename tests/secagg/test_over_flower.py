@@ -15,6 +15,7 @@ from fedpriv.secagg import RECORD_KEY, Requirements, StageInfo, Vector
 from server.secure_sum import secure_sum
 from tests.flower.inprocess import InProcessGrid
 from tests.flower.metadata import set_metadata
+from tests.timeouts import scaled
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 D, BITS = 500, 32
@@ -54,7 +55,7 @@ def test_a_secure_sum_over_flower_survives_losing_20_percent_at_collect() -> Non
     grid.lose = lambda node, message: node in killed and stage_of(message) == "collect"
     result = secure_sum(grid, NODES, dimension=D, modulus_bits=BITS, threshold=7,
                         collect_content=lambda node: RecordDict({"plan": ConfigRecord({"round": 3})}),
-                        timeout=10.0, round_key="run/round-3")
+                        timeout=scaled(10.0), round_key="run/round-3")
     survivors = [n for n in NODES if n not in killed]
     assert result.reason is None and list(result.survivors) == survivors and set(result.dropped) == killed
     expected = [sum(int(known_vector(n)[i]) for n in survivors) % (1 << BITS) for i in range(D)]
@@ -72,7 +73,7 @@ def test_a_node_that_refuses_is_dropped_and_too_few_left_discard_the_round() -> 
     grid.lose = lambda node, message: node <= 104 and stage_of(message) == "collect"
     result = secure_sum(grid, NODES, dimension=D, modulus_bits=BITS, threshold=6,
                         collect_content=lambda node: RecordDict({"plan": ConfigRecord({"round": 3})}),
-                        timeout=10.0, round_key="run/round-4")
+                        timeout=scaled(10.0), round_key="run/round-4")
     assert result.sum is None and result.survivors == ()
     assert all("this node needs at least 7" in result.dropped[n] for n in range(105, 111))
 
@@ -98,6 +99,6 @@ def test_replies_that_answer_no_message_of_the_node_or_repeat_are_ignored() -> N
     grid = Meddling({}, {node: {} for node in NODES}, client_app=app)
     result = secure_sum(grid, NODES, dimension=D, modulus_bits=BITS, threshold=7,
                         collect_content=lambda node: RecordDict({"plan": ConfigRecord({"round": 3})}),
-                        timeout=10.0, round_key="run/round-5")
+                        timeout=scaled(10.0), round_key="run/round-5")
     assert result.reason is None and list(result.survivors) == NODES
     assert result.sum.tolist() == [sum(int(known_vector(n)[i]) for n in NODES) % (1 << BITS) for i in range(D)]

@@ -1,0 +1,46 @@
+"""Fixtures of the task tests: user apps written on the fly, each imported apart."""
+
+import sys
+import textwrap
+
+import pytest
+
+from fedpriv import task as task_module
+
+GOOD = '''
+import torch
+from torch import nn
+
+def model():
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+def load_data(partition_id, num_partitions, data_dir):
+    g = torch.Generator().manual_seed(partition_id)
+    x = torch.randn(40, 3, generator=g)
+    y = (x[:, 0] > 0).long()
+    return torch.utils.data.TensorDataset(x, y), torch.utils.data.TensorDataset(x[:10], y[:10])
+'''
+
+
+@pytest.fixture
+def write_app(tmp_path):
+    """``write_app(source, name)``: an app folder holding ``task.py`` = ``source`` and a
+    pyproject.toml naming it (fedpriv's run-config defaults); the module cache and
+    ``sys.path`` are restored after the test."""
+    from fedpriv.new import pyproject
+
+    path, modules = list(sys.path), set(sys.modules)
+
+    def write(source: str = GOOD, name: str = "app") -> "pathlib.Path":  # noqa: F821
+        app = tmp_path / name
+        (app / "data").mkdir(parents=True)
+        (app / "task.py").write_text(textwrap.dedent(source))
+        (app / "pyproject.toml").write_text(pyproject(name, {"task": "task"}))
+        return app
+
+    yield write
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        if name == "task" or name.startswith("_fedpriv_task_"):
+            del sys.modules[name]
+    task_module._load_task.cache_clear()

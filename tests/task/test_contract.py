@@ -1,0 +1,97 @@
+"""The task contract's checks (``fedpriv.task``): each broken task is one line naming the
+app, the function and what was expected; ``python -m simulations.run`` turns it into
+``prog: error: ...``, exit 2, before any ledger exists or any process starts."""
+
+import pytest
+import torch
+
+from fedpriv.task import TaskError, as_tensors, check_task, load_task
+from simulations import run as run_command
+from tests.task.conftest import GOOD
+
+BROKEN = {
+    "does not import": ("def model(:\n", "task module 'task' does not import"),
+    "no model": (GOOD.replace("def model():", "def other():"), "task.model is missing"),
+    "no load_data": (GOOD.replace("def load_data(", "def other("), "task.load_data is missing"),
+    "one data set": (GOOD.replace("return torch.utils.data.TensorDataset(x, y), ", "return "),
+                     "task.load_data must return (train, test)"),
+    "x not a tensor": (GOOD.replace("return torch.utils.data.TensorDataset(x, y),",
+                                    "return [(row.tolist(), int(label)) for row, label in zip(x, y)],"),
+                       "load_data's train set: item 0's x must be a tensor"),
+    "ragged items": (GOOD.replace("return torch.utils.data.TensorDataset(x, y),",
+                                  "return [(x[0], 1), (x[1, :2], 0)],"),
+                     "item 1 is x (2,) float32"),
+    "empty share": (GOOD.replace("TensorDataset(x, y),", "TensorDataset(x[:0], y[:0]),"),
+                    "load_data's train set must hold at least one"),
+    "output misfits loss": (GOOD.replace("nn.Linear(4, 2)", "nn.Linear(4, 2), nn.Unflatten(1, (1, 2))"),
+                            "task.loss does not fit the model: outputs (1, 1, 2) float32 against targets (1,) int64"),
+    "batchnorm": (GOOD.replace("nn.Tanh()", "nn.BatchNorm1d(4)"), "task.model(): DP-SGD needs per-example"),
+    "model not a module": (GOOD + "\ndef model():\n    return 'a model'\n",
+                           "task.model() must return a torch.nn.Module"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_task_is_one_line_naming_app_and_function(write_app, case, tmp_path):
+    source, expected = BROKEN[case]
+    app = write_app(source, name="myapp")
+    with pytest.raises(TaskError) as caught:
+        check_task(load_task("task", app), app / "data", num_partitions=2)
+    message = str(caught.value)
+    assert message.startswith("app myapp: ") and expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize("case", ["no model", "output misfits loss", "batchnorm"])
+def test_simulations_run_refuses_before_any_ledger_or_process(write_app, case, tmp_path, capsys):
+    app = write_app(BROKEN[case][0], name="myapp")
+    state, out = tmp_path / "state", tmp_path / "out"
+    state.mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        run_command.main(["--app", str(app), "--clients", "2", "--rounds", "1", "--state-dir", str(state),
+                          "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("python -m simulations.run: error: app myapp: ")
+    assert BROKEN[case][1] in err
+    assert not any(state.iterdir()) and not out.exists()  # nothing booked, initialised or written
+
+
+def test_an_app_without_a_task_is_refused(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nrounds = 1\n")
+    with pytest.raises(SystemExit) as exit_:
+        run_command.main(["--app", str(tmp_path), "--clients", "2"])
+    assert exit_.value.code == 2 and "sets no task" in capsys.readouterr().err
+
+
+class Items(torch.utils.data.Dataset):
+    """A map-style data set of NumPy images and integer labels (no TensorDataset)."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return torch.full((2, 3), float(i)).numpy(), i % 2
+
+
+def test_any_map_style_data_set_becomes_tensors_and_a_tensor_pair_stays_as_it_is():
+    pair = as_tensors(Items(), "items")
+    assert pair.features.shape == (5, 2, 3) and pair.labels.tolist() == [0, 1, 0, 1, 0]
+    assert pair.labels.dtype == torch.int64 and torch.equal(pair.features[3], torch.full((2, 3), 3.0))
+    x, y = torch.randn(4, 3), torch.arange(4)
+    fast = as_tensors(torch.utils.data.TensorDataset(x, y), "pair")
+    assert fast.features is x and fast.labels is y  # the fast path: no copy
+
+
+def test_the_model_is_seeded_and_leaves_the_callers_random_state(write_app):
+    task = load_task("task", write_app())
+    state = torch.get_rng_state()
+    first, second = task.build_model(3), task.build_model(3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    assert not torch.equal(task.build_model(4)[0].weight, first[0].weight)
+
+
+@pytest.mark.parametrize("name", ["json", "pytest", "sys"])
+def test_a_run_config_cannot_make_a_node_import_an_installed_module(name):
+    with pytest.raises(TaskError, match="does not import: ImportError: .* not a module of the app"):
+        load_task(name)

@@ -1,0 +1,59 @@
+"""A user's task through fedpriv's real ServerApp and ClientApp, in process (no Ray): each
+privacy mode trains the tabular template with every node's ε, by its own durable ledger,
+within its budget; a broken task is refused by every node before it books anything."""
+
+import sys
+
+import pytest
+
+from fedpriv.new import new_app
+from fedpriv.privacy import PrivacyLedger
+from server.run import run_server
+from simulations._cli import run_config_defaults
+from tests.flower.inprocess import InProcessGrid, booked, node_config
+from tests.task.conftest import GOOD
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+BUDGET = 8.0
+MODES = {
+    "local": ({}, {}),
+    "distributed": ({"privacy": "distributed", "rounds": 2},
+                    {"allow-distributed": True, "min-cohort": 2, "trust-server-cohort": True}),
+    # a participant's own cost of user-level rounds (Gaussian(z/2) per round) is above the
+    # population's target: its node's budget must leave room for it (docs/user-level.md)
+    "user": ({"privacy": "user", "server-randomness": "seeded"}, {"allow-central-user": True, "epsilon-budget": 50.0}),
+}
+
+
+def _federation(app, state, run_config, policy):
+    sys.path.insert(0, str(app))  # as Flower puts an app's folder (the write_app fixture restores it)
+    config = {**run_config_defaults(), "task": "task", "min-clients": 2, "rounds": 1, "target-epsilon": BUDGET,
+              "data-dir": str(app / "data"), "round-timeout": 600.0, **run_config}
+    nodes = {i: node_config(i, 2, state, **{"epsilon-budget": BUDGET, "data-dir": str(app / "data"),
+                                            "randomness": "seeded", "seed": 0, "public-num-examples": True, **policy})
+             for i in range(2)}
+    return InProcessGrid(config, nodes), config
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_privacy_mode_trains_a_task_within_each_nodes_budget(mode, tmp_path, write_app):
+    app = new_app(tmp_path / "tabular", "tabular")
+    grid, config = _federation(app, tmp_path / "state", *MODES[mode])
+    history = run_server(grid, config)
+    assert len(history.rounds) == config["rounds"] and history.model_sha256
+    for i in range(2):
+        ledger = PrivacyLedger.load(tmp_path / "state" / f"node{i}" / "ledger.json")
+        assert 0 < ledger.spent_at(str(i), 1e-5) <= MODES[mode][1].get("epsilon-budget", BUDGET)  # its own account
+        assert any("/train" in entry for entry in ledger.entries(str(i)))
+
+
+def test_a_broken_task_is_refused_by_every_node_before_booking(tmp_path, write_app):
+    app = write_app(GOOD.replace("nn.Tanh()", "nn.BatchNorm1d(4)"), name="broken")
+    grid, config = _federation(app, tmp_path / "state", {}, {})
+    history = run_server(grid, config)
+    assert not history.rounds
+    refusals = [reply.error.reason for reply in grid.log if reply.has_error()]
+    assert len(refusals) >= 2 and all("task.model(): DP-SGD needs per-example" in r for r in refusals)
+    for i in range(2):
+        assert booked(tmp_path / "state" / f"node{i}") == {}
