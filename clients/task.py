@@ -28,11 +28,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from clients.delta import check_delta
 from clients.failures import after_booking
-from clients.partition import Split
 from clients.releases import Refusal, book, missing_data, released_size, stored_size
 from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
+from fedpriv.federation.partition import Split
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.releases import noisy_evaluation
 from fedpriv.federation.settings import RunSettings
@@ -76,7 +76,7 @@ def _partition(settings: RunSettings, data_dir: Path | None, partition_id: int, 
 def local_data(settings: RunSettings, node_config: Mapping[str, Any], data_dir: str | Path | None,
                train: bool = True, model: str | None = None, *, partition_key: int) -> TensorPair:
     """This node's partition of the training (or test) set, from ``partition-id``/``num-partitions``
-    and its policy's ``partition_key`` (``clients.partition``: the run config's seed chooses no
+    and its policy's ``partition_key`` (``fedpriv.federation.partition``: the run config's seed chooses no
     record), read from ``data_dir`` (its policy's: ``None`` is the default cache folder; the run
     config's ``data-dir`` is never read); with ``model``, its features are that model's inputs
     (cached: computed once per node). ``Refusal`` where the folder lacks the data set."""

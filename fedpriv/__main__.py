@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedpriv.cli import Parser
 from fedpriv.templates import TEMPLATES
-from simulations._cli import Parser
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedpriv.project import run_config_defaults
 from fedpriv.templates import TEMPLATES
 
 TASK_MODULE = "task"
@@ -39,8 +40,6 @@ def new_app(app_dir: Path, template: str) -> Path:
 
 def pyproject(name: str, config: Mapping[str, Any]) -> str:
     """The app's pyproject.toml: fedpriv's apps and run config, ``config`` over its defaults."""
-    from simulations._cli import run_config_defaults
-
     values = {**run_config_defaults(), **config}
     unknown = sorted(set(config) - set(run_config_defaults()) - {"task"})
     if unknown:

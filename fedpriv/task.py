@@ -302,10 +302,10 @@ def partition_key() -> int:
 def keyed_share(data: Any, partition_id: int, num_partitions: int) -> torch.utils.data.TensorDataset:
     """Share ``partition_id`` of ``num_partitions`` of the map-style data set ``data`` (its items
     read as ``as_tensors`` reads them) under fedpriv's keyed per-record rule
-    (``clients.partition``, iid) and this node's ``partition_key()``: a record's share
+    (``fedpriv.federation.partition``, iid) and this node's ``partition_key()``: a record's share
     depends on its own bytes and the key alone, so shares do not move when other records
     are added to or removed from the files."""
-    from clients.partition import Split
+    from fedpriv.federation.partition import Split
     from fedpriv.federation.settings import Partition
 
     whole = as_tensors(data, "keyed_share's data set")

@@ -27,12 +27,20 @@ POINTLESS_NOISE_TO_SIGNAL = 1.0
 most 1) the noise's norm is √d times the largest possible signal's."""
 
 
+def _task_dimension(settings: RunSettings) -> int | None:
+    """The parameter count of the run's task's model (None without a task)."""
+    if settings.task is None:
+        return None
+    from fedpriv.task import load_task
+
+    return sum(p.numel() for p in load_task(settings.task).build_model(settings.seed).parameters())
+
+
 def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> Any:
     """The planner's ``Federation`` of this run (N public; without ``--target-epsilon`` and
     ``--noise-multiplier``, the data set's default σ)."""
     from fedpriv.planning import Federation
     from server.assign import base_plan
-    from simulations._federated import _task_dimension
 
     user = settings.privacy is PrivacyMode.USER
     noise = settings.noise_multiplier

@@ -9,34 +9,20 @@ before any of them (or Ray) is started.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from simulations._project import PROJECT_ROOT
+from fedpriv.cli import Parser
+from fedpriv.project import run_config_defaults
 
 CACHE_ENV = "FEDPRIV_CACHE_DIR"
 CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
               "'off' disables it)")
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose error is one line on stderr (``prog: error: message``,
-    exit status 2), without the usage block: ``--help`` has that. Flags are never
-    abbreviated, so a misspelt flag is an error rather than another flag."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _number(kind: type, text: str) -> Any:
@@ -194,13 +180,6 @@ def check_data_dir(parser: argparse.ArgumentParser, data_dir: str | None, downlo
     if not path.is_dir():
         parser.error(f"argument --data-dir: no such folder: {path} (the folder that holds the data set; "
                      "--download fetches it there)")
-
-
-@functools.cache
-def run_config_defaults() -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of pyproject.toml: the defaults of the federated flags."""
-    with (PROJECT_ROOT / "pyproject.toml").open("rb") as file:
-        return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
 
 
 USER_LEVEL_KEYS = ("cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",

@@ -46,11 +46,11 @@ from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
+from fedpriv.project import PROJECT_ROOT
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
 from simulations._cli import LOG_FILE, USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
-from simulations._project import PROJECT_ROOT
 from simulations._ray import ray_cluster
 
 # flag -> run-config key, for the flags that map one to one
@@ -149,8 +149,8 @@ def check_delta(parser: argparse.ArgumentParser, settings: RunSettings, num_clie
 
 def share_sizes(settings: RunSettings, num_clients: int, partition_key: int) -> list[int]:
     """Each simulated node's number of training records (the command is their operator)."""
-    from clients.partition import Split
     from fedpriv.data import load_dataset
+    from fedpriv.federation.partition import Split
 
     if settings.task is not None:
         return task_sizes(None, settings, num_clients, partition_key)
@@ -187,15 +187,6 @@ def dry_run(settings: RunSettings, num_clients: int, sizes: Sequence[int]) -> di
     result = plan(federation(settings, num_clients, sizes))
     print("\n".join([table(result), *plan_notes(result)]))
     return result
-
-
-def _task_dimension(settings: RunSettings) -> int | None:
-    """The parameter count of the run's task's model (None without a task)."""
-    if settings.task is None:
-        return None
-    from fedpriv.task import load_task
-
-    return sum(p.numel() for p in load_task(settings.task).build_model(settings.seed).parameters())
 
 
 def simulated_node_policy(run_config: Mapping[str, Any], state_dir: Path, epsilon_budget: float | None = None,

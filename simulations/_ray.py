@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fedpriv.environment import number_from_env
-from simulations._project import PROJECT_ROOT
+from fedpriv.project import PROJECT_ROOT
 
 START_TIMEOUT_ENV = "FEDPRIV_RAY_START_TIMEOUT"
 """Seconds Ray may take to start or join (default 120)."""

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fedpriv.project import PROJECT_ROOT
 from simulations._cli import (
-    PROJECT_ROOT,
     USER_LEVEL_KEYS,
     Parser,
     add_user_level,

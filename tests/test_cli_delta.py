@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from clients.partition import Split
 from fedpriv.data import load_dataset
+from fedpriv.federation.partition import Split
 from fedpriv.federation.settings import RunSettings
+from fedpriv.project import PROJECT_ROOT
 from simulations._cli import federated_parser
 from simulations._federated import check_delta
-from simulations._project import PROJECT_ROOT
 from tests.timeouts import scaled
 
 

@@ -13,10 +13,10 @@ import pytest
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import GaussianEvent, dpsgd_event, epsilon_of
 from fedpriv.privacy.__main__ import main
+from fedpriv.project import PROJECT_ROOT
 from server.history import epsilon_summary, epsilon_text
 from simulations._advice import before_training
 from simulations._federated import share_sizes
-from simulations._project import PROJECT_ROOT
 
 PLAN = ["plan", "--population", "10", "--rounds", "5", "--records-per-client", "600", "--delta", "1e-5"]
 

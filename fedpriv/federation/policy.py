@@ -31,7 +31,7 @@ Keys (kebab-case, as in ``--node-config``):
   discrete Gaussian (``rdp``, ``zcdp``); ``evaluate-noise`` is at most 2^20.
 - ``accountant`` (default ``rdp``): how the node's ledger composes its events.
 - ``partition-key`` (integer, default 0): keys which records of ``data-dir`` make up the
-  node's partition ``partition-id`` of ``num-partitions`` (``clients.partition``: a rule per
+  node's partition ``partition-id`` of ``num-partitions`` (``fedpriv.federation.partition``: a rule per
   record, so another record added or removed moves no one; the run config's seed is never used).
 - ``data-dir``: the root folder of the node's data sets, read by the ClientApp (MNIST,
   CIFAR-10: training and evaluation) and by the classic app's ``dppca`` kinds; default

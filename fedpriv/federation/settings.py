@@ -62,7 +62,7 @@ class ServerRandomness(StrEnum):
 
 
 class Partition(StrEnum):
-    """How a node's data set is split into shares (``clients.partition``: a keyed rule per record)."""
+    """How a node's data set is split into shares (``fedpriv.federation.partition``: a keyed rule per record)."""
 
     IID = "iid"
     DIRICHLET = "dirichlet"

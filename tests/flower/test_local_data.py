@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from clients import task
-from clients.partition import Split
 from fedpriv.data import load_dataset
+from fedpriv.federation.partition import Split
 from fedpriv.federation.settings import Partition, RunSettings
 
 K = 50  # partitions of the first 500 training examples: more than the per-partition cache holds

@@ -9,8 +9,8 @@ import torch
 from scipy import stats
 
 from clients import task
-from clients.partition import Split
 from fedpriv.data import load_dataset
+from fedpriv.federation.partition import Split
 from fedpriv.federation.settings import Partition, RunSettings
 
 K = 7

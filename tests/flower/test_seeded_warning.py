@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from fedpriv.project import PROJECT_ROOT
 from server.history import epsilon_summary
-from simulations._project import PROJECT_ROOT
 from tests.timeouts import scaled
 
 WARNING = "fedpriv warning: node randomness = seeded"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.partition import Split
+from fedpriv.federation.partition import Split
 from fedpriv.federation.settings import Partition, RunSettings, SettingsError
 from simulations._federated import PROJECT_ROOT
 

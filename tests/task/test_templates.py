@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fedpriv.__main__ import main as fedpriv_main
-from simulations._project import PROJECT_ROOT
+from fedpriv.project import PROJECT_ROOT
 from tests.timeouts import scaled
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
