@@ -11,6 +11,7 @@ from conftest import build, make_data
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.dpsgd.static import cached_static_sums
 from fedpriv.models import build_model
+from tests.dpsgd.recording import recording_sgd
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -22,17 +23,6 @@ def _float32_exact():
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def _recording_sgd(model, lr):
-    seen = []
-
-    class Recording(torch.optim.SGD):
-        def step(self, closure=None):
-            seen.append(torch.cat([p.grad.detach().flatten().clone() for p in model.parameters()]))
-            return super().step(closure)
-
-    return Recording(model.parameters(), lr=lr), seen
 
 
 def _generators(secure):
@@ -59,7 +49,7 @@ def test_the_captured_step_gives_the_eager_steps_gradients_and_events(model_name
     reports, grads = [], []
     for static in (False, True):
         model = copy.deepcopy(reference)
-        optimizer, seen = _recording_sgd(model, lr=0.5)
+        optimizer, seen = recording_sgd(model, lr=0.5)
         for _ in range(2):  # the second call replays the first's graphs
             reports.append(train_dpsgd(model, *data, config=config, steps=4, optimizer=optimizer,
                                        static_shapes=static, **_generators(False)))
@@ -82,7 +72,7 @@ def test_two_replays_of_a_captured_step_draw_independent_noise(secure):
     x, y = (t.cuda() for t in make_data(20))
     sigma, clip = 2.0, 0.5
     config = DPSGDConfig(sigma, clip, 1.0, max_physical_batch_size=32, secure_mode=secure)
-    optimizer, seen = _recording_sgd(model, lr=0.0)
+    optimizer, seen = recording_sgd(model, lr=0.0)
     for _ in range(2):
         train_dpsgd(model, x, y, config=config, steps=2, optimizer=optimizer, **_generators(secure))
     assert _captured(model)

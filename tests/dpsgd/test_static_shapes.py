@@ -13,6 +13,7 @@ from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.dpsgd.engine import clipped_sum_function, gradient_buffers
 from fedpriv.dpsgd.modules import trainable_parameters
 from fedpriv.dpsgd.static import bucket_size, cached_static_sums
+from tests.dpsgd.recording import recording_sgd
 
 
 def test_a_bucket_holds_the_batch_with_at_most_an_eighth_of_padding_and_never_exceeds_the_physical_batch():
@@ -50,18 +51,6 @@ def test_masked_rows_add_exactly_zero_even_when_their_gradients_are_nan(model_na
     assert torch.equal(flat_pad, before) and loss_pad.item() == 0.0
 
 
-def _recording_sgd(model, lr):
-    """SGD that keeps a copy of every gradient it is handed (the privatised one, per step)."""
-    seen = []
-
-    class Recording(torch.optim.SGD):
-        def step(self, closure=None):
-            seen.append(torch.cat([p.grad.detach().flatten().clone() for p in model.parameters()]))
-            return super().step(closure)
-
-    return Recording(model.parameters(), lr=lr), seen
-
-
 @pytest.mark.parametrize("clipping", ["flat", "per_layer"])
 @pytest.mark.parametrize("model_name", ["mlp", "cnn"])
 def test_static_shapes_train_like_the_eager_engine(model_name, clipping):
@@ -73,7 +62,7 @@ def test_static_shapes_train_like_the_eager_engine(model_name, clipping):
     reference = build(model_name)
     for static in (False, True):
         model = copy.deepcopy(reference)
-        optimizer, seen = _recording_sgd(model, lr=0.5)
+        optimizer, seen = recording_sgd(model, lr=0.5)
         for _ in range(2):  # a second call reuses the first's StaticSums
             reports.append(train_dpsgd(model, *data, config=config, steps=3, optimizer=optimizer,
                                        static_shapes=static, **generators()))
@@ -89,7 +78,7 @@ def test_every_step_of_a_static_run_draws_its_own_noise():
     """lr = 0 keeps the parameters, so the clipped sums repeat: two steps' gradients differ by
     their noise alone, which a re-used draw would make zero."""
     model = build("mlp")
-    optimizer, seen = _recording_sgd(model, lr=0.0)
+    optimizer, seen = recording_sgd(model, lr=0.0)
     config = DPSGDConfig(2.0, 0.5, 1.0, max_physical_batch_size=16)
     train_dpsgd(model, *make_data(20), config=config, steps=2, optimizer=optimizer, static_shapes=True, **generators())
     difference = (seen[1] - seen[0]) * 20  # the noise's difference, N(0, 2σ²C²) per entry
