@@ -109,7 +109,7 @@ def train_dpsgd(
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
         if augment is None and use_static_shapes(static_shapes, config, features.device):
-            sums = static_sums(model, params, features, labels, config)
+            sums = static_sums(model, params, features, labels, config, loss_fn)
             flat, grads = sums.flat, sums.grads
             lot_sum = sums.lot_sum(clipped_sum, config.max_physical_batch_size)
         else:

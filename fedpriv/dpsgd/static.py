@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from fedpriv.dpsgd.clipping import ClippedSumFn
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.dpsgd.config import DPSGDConfig
 from fedpriv.dpsgd.sampling import micro_batches
 
@@ -84,7 +85,7 @@ class StaticSums:
     features: torch.Tensor
     labels: torch.Tensor
     params: tuple[torch.Tensor, ...]
-    settings: tuple[object, ...]  # the config's clipping and batch, and where the tensors' data are
+    settings: tuple[object, ...]  # the config's clipping and batch, the loss, where the tensors' data are
     flat: torch.Tensor
     grads: list[torch.Tensor]
     padded: bool
@@ -171,15 +172,16 @@ def _warn_once(message: str) -> None:
 
 def static_sums(
     model: nn.Module, params: dict[str, torch.Tensor], features: torch.Tensor, labels: torch.Tensor,
-    config: DPSGDConfig,
+    config: DPSGDConfig, loss_fn: LossFn,
 ) -> StaticSums:
-    """The model's ``StaticSums`` for these tensors and settings: the cached one if they are
-    the same objects (its graphs read and write their memory), else a new one."""
+    """The model's ``StaticSums`` for these tensors, loss and settings: the cached one if they
+    are the same objects (its graphs read and write their memory and computed this loss),
+    else a new one."""
     from fedpriv.dpsgd.engine import gradient_buffers  # the engine imports this module
 
     tensors = tuple(params.values())
     settings = (config.max_grad_norm, config.clipping, config.max_physical_batch_size, config.grad_sample_mode,
-                *_storage((*tensors, features, labels)))
+                loss_fn, *_storage((*tensors, features, labels)))
     cached = _CACHE.get(model)
     if (cached is not None and cached.features is features and cached.labels is labels
             and cached.settings == settings

@@ -83,3 +83,18 @@ def test_every_step_of_a_static_run_draws_its_own_noise():
     train_dpsgd(model, *make_data(20), config=config, steps=2, optimizer=optimizer, static_shapes=True, **generators())
     difference = (seen[1] - seen[0]) * 20  # the noise's difference, N(0, 2σ²C²) per entry
     assert difference.std().item() == pytest.approx(2 ** 0.5 * 2.0 * 0.5, rel=0.2)
+
+
+def test_a_call_with_another_loss_does_not_reuse_the_static_sums():
+    """The kept StaticSums (on CUDA: graphs that computed one loss) serve only the same loss:
+    a second call with another ``loss_fn`` on the same model and tensors gets its own."""
+    model = build("mlp")
+    data = make_data(20)
+    config = DPSGDConfig(1.0, 0.5, 1.0, max_physical_batch_size=16)
+    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, **generators())
+    first = cached_static_sums(model)
+    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, **generators())
+    assert cached_static_sums(model) is first  # same loss, tensors and settings: reused
+    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, loss_fn=lambda o, t: F.cross_entropy(o, t),
+                **generators())
+    assert cached_static_sums(model) is not first
