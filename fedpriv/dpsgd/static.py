@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from fedpriv.dpsgd.clipping import ClippedSumFn
-from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.dpsgd.config import DPSGDConfig
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.dpsgd.sampling import micro_batches
 
 WARMUP_RUNS = 3

@@ -91,10 +91,11 @@ def test_a_call_with_another_loss_does_not_reuse_the_static_sums():
     model = build("mlp")
     data = make_data(20)
     config = DPSGDConfig(1.0, 0.5, 1.0, max_physical_batch_size=16)
-    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, **generators())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_dpsgd(model, *data, config=config, steps=1, optimizer=optimizer, static_shapes=True, **generators())
     first = cached_static_sums(model)
-    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, **generators())
+    train_dpsgd(model, *data, config=config, steps=1, optimizer=optimizer, static_shapes=True, **generators())
     assert cached_static_sums(model) is first  # same loss, tensors and settings: reused
-    train_dpsgd(model, *data, config=config, steps=1, static_shapes=True, loss_fn=lambda o, t: F.cross_entropy(o, t),
-                **generators())
+    train_dpsgd(model, *data, config=config, steps=1, optimizer=optimizer, static_shapes=True,
+                loss_fn=lambda o, t: F.cross_entropy(o, t), **generators())
     assert cached_static_sums(model) is not first
