@@ -38,15 +38,21 @@ def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]
     ``--dry-run``, which writes none) and a ``--data-dir`` that is no folder stop here, before
     torch, Flower and Ray are imported; the cache folder is set before any of them is."""
     parser = federated_parser(dataset)
-    args = parser.parse_args(argv)
+    check_args(parser, parser.parse_args(argv))
+    from simulations._federated import main
+
+    return main(dataset, argv)
+
+
+def check_args(parser: Parser, args: argparse.Namespace) -> None:
+    """The federated commands' cheap checks, before torch, Flower and Ray are imported: flags
+    the mode does not use, the cache folder, an ``--out`` holding results (but for
+    ``--dry-run``, which writes none), a ``--data-dir`` that is no folder."""
     check_mode_flags(parser, args)
     use_cache_dir(parser, args.cache_dir)
     if not args.dry_run:
         check_out(parser, Path(args.out).resolve(), bool(args.resume))
     check_data_dir(parser, args.data_dir, bool(args.download))
-    from simulations._federated import main
-
-    return main(dataset, argv)
 
 
 def entry_point(dataset: str) -> tuple[Callable[[], Parser], Callable[..., dict[str, Any]]]:

@@ -17,8 +17,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from simulations._cli import Parser, federated_parser, use_cache_dir
-from simulations._command import check_mode_flags
+from simulations._cli import Parser, federated_parser
+from simulations._command import check_args
 
 PROG = "python -m simulations.run"
 
@@ -51,11 +51,9 @@ def app_folder(parser: Parser, app: Path) -> Path:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Check the flags and the app, then run ``simulations._federated`` on it."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_mode_flags(parser, args)
-    app = app_folder(parser, args.app)
-    use_cache_dir(parser, args.cache_dir)
+    app = app_folder(parser, parser.parse_args(argv).app)
     parser.set_defaults(data_dir=str(app / "data"), out=f"runs/{app.name}")
+    check_args(parser, parser.parse_args(argv))  # with the app's folders as defaults
     sys.path.insert(0, str(app))  # the task imports by name, here and in Ray's workers (their PYTHONPATH)
     from simulations._federated import main as simulate_app
 

@@ -56,6 +56,19 @@ def test_simulations_run_refuses_before_any_ledger_or_process(write_app, case, t
     assert not any(state.iterdir()) and not out.exists()  # nothing booked, initialised or written
 
 
+def test_simulations_run_refuses_an_out_holding_results_before_the_task(write_app, tmp_path, capsys):
+    """The cheap checks of simulations.mnist hold for an app too: an ``--out`` holding an
+    earlier run's results is one line, exit 2, before the (here broken) task is imported."""
+    app = write_app(BROKEN["no model"][0], name="myapp")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        run_command.main(["--app", str(app), "--clients", "2", "--rounds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "argument --out: " in err and "app myapp" not in err
+
+
 def test_an_app_without_a_task_is_refused(tmp_path, capsys):
     (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nrounds = 1\n")
     with pytest.raises(SystemExit) as exit_:
