@@ -43,15 +43,16 @@ def federation(settings: RunSettings, num_clients: int, sizes: Sequence[int]) ->
     from server.assign import base_plan
 
     user = settings.privacy is PrivacyMode.USER
+    base = base_plan(settings)
     noise = settings.noise_multiplier
     if noise is None and settings.target_epsilon is None:
-        noise = base_plan(settings).noise_multiplier
+        noise = base.noise_multiplier
     return Federation(
         population=num_clients, rounds=settings.rounds, delta=settings.delta,
         cohort=(settings.cohort or num_clients) if user else max(1, int(num_clients * settings.fraction_train)),
         sizes=tuple(sizes), lot_size=settings.lot_size,
         local_epochs=settings.local_epochs, target_epsilon=settings.target_epsilon, noise_multiplier=noise,
-        dataset=base_plan(settings).model if settings.task else settings.dataset,
+        dataset=base.model if settings.task else settings.dataset,
         count_rounds=settings.clip_warmup_rounds, count_noise=settings.clip_count_noise,
         model=settings.model, max_grad_norm=settings.max_grad_norm, user_clip=settings.user_clip,
         lattice_rounding=str(settings.lattice_rounding), model_dimension=_task_dimension(settings),

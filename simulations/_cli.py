@@ -182,10 +182,6 @@ def check_data_dir(parser: argparse.ArgumentParser, data_dir: str | None, downlo
                      "--download fetches it there)")
 
 
-USER_LEVEL_KEYS = ("cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
-                   "clip-warmup-rounds", "clip-warmup-lr")
-"""The run-config keys of ``add_user_level``'s flags (each flag is ``--<key>``)."""
-
 
 def add_user_level(parser: argparse.ArgumentParser) -> None:
     """The user-level flags (``--privacy user``, docs/user-level.md); unset, each keeps

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
+from fedpriv.federation.modes import USER_LEVEL_KEYS
 from fedpriv.federation.policy import POLICY_ENV, SecAggTrust, load_policy, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings, SettingsError
@@ -49,7 +50,7 @@ from fedpriv.node import init_nodes
 from fedpriv.project import PROJECT_ROOT
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import LOG_FILE, USER_LEVEL_KEYS, federated_parser, flag_message, use_cache_dir
+from simulations._cli import LOG_FILE, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
 from simulations._ray import ray_cluster
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fedpriv.federation.modes import USER_LEVEL_KEYS
 from fedpriv.project import PROJECT_ROOT
 from simulations._cli import (
-    USER_LEVEL_KEYS,
     Parser,
     add_user_level,
     at_least,

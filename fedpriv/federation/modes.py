@@ -18,6 +18,10 @@ MODES = (LOCAL, DISTRIBUTED, USER_CENTRAL, USER_DISTRIBUTED)
 USER = frozenset({USER_CENTRAL, USER_DISTRIBUTED})
 SECURE_SUM = frozenset({DISTRIBUTED, USER_DISTRIBUTED})
 
+USER_LEVEL_KEYS = ("cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
+                   "clip-warmup-rounds", "clip-warmup-lr")
+"""The run-config keys of user level alone (each flag is ``--<key>``)."""
+
 USED_BY: dict[str, frozenset[str]] = {
     # per-example DP-SGD: user level trains each client plainly and clips its whole delta (user-clip)
     "max-grad-norm": frozenset({LOCAL, DISTRIBUTED}),
@@ -29,8 +33,7 @@ USED_BY: dict[str, frozenset[str]] = {
     "accept-failures": frozenset({LOCAL}) | USER,
     "lattice-rounding": SECURE_SUM,
     "secagg-neighbours": SECURE_SUM,
-    **{key: USER for key in ("cohort", "user-clip", "user-noise", "clip-quantile", "clip-lr", "clip-count-noise",
-                             "clip-warmup-rounds", "clip-warmup-lr")},
+    **{key: USER for key in USER_LEVEL_KEYS},
 }
 """Run-config key → the modes that use it (absent: every mode)."""
 
