@@ -12,14 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedpriv.cli import Parser
 from fedpriv.model_names import MODELS
 from fedpriv.planning.planner import PLANNERS, Federation, plan, plot, table
-from fedpriv.privacy.__main__ import _count, _number, _Parser
+from fedpriv.privacy.__main__ import _count, _number
 from fedpriv.privacy.accountants import AccountantKind
 
 
 def build_parser(prog: str = "python -m fedpriv.planning") -> argparse.ArgumentParser:
-    plan = _Parser(prog=prog, description=__doc__.split("\n\n")[0])
+    plan = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     plan.add_argument("--privacy", action="append", choices=["local", "distributed", "user", "user-distributed"],
                       help="a mode to plan (repeat for several; default: all, side by side)")
     plan.add_argument("--population", type=_count("population"), required=True, help="clients in the federation")

@@ -11,17 +11,12 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from typing import NoReturn
 
+from fedpriv.cli import Parser
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
 from fedpriv.privacy.events import MIN_SAMPLE_RATE, dpsgd_event
 from fedpriv.privacy.ledger import LedgerError, PrivacyLedger
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[str], float]:
@@ -38,9 +33,9 @@ def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m fedpriv.privacy", description="Privacy accounting for DP-SGD.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    common = _Parser(add_help=False)
+    parser = Parser(prog="python -m fedpriv.privacy", description="Privacy accounting for DP-SGD.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    common = Parser(add_help=False)
     common.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
     common.add_argument("--sample-rate", type=_number("sample rate", lambda q: MIN_SAMPLE_RATE <= q <= 1,
                                                       "in [2^-33, 1] (what the Poisson samplers draw)"), required=True)
@@ -51,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sig = sub.add_parser("sigma", parents=[common], help="smallest sigma (3 sig. digits) reaching epsilon")
     sig.add_argument("--epsilon", type=_number("epsilon", lambda e: e > 0, "> 0"), required=True)
     ledger = sub.add_parser("ledger", help="inspect a saved privacy ledger")
-    show = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=Parser)
     show_parser = show.add_parser("show", help="table per client: entries, events, spent, budget, remaining")
     show_parser.add_argument("path")
     show_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
