@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.delta import check_delta
@@ -218,6 +219,9 @@ def evaluate(msg: Message, context: Context) -> RecordDict:
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
     if not policy.allow_evaluate:
         raise protocol.ProtocolError("this node's policy does not allow evaluation (allow-evaluate = false)")
+    if settings.task is not None and node_task(settings.task).loss is not F.cross_entropy:
+        raise protocol.ProtocolError("this node's noisy evaluation counts cross-entropy and argmax: the task "
+                                     "has its own loss (evaluate on the server instead)")
     cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
     run_key, server_round = protocol.read_round(config)

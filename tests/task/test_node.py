@@ -57,3 +57,21 @@ def test_a_broken_task_is_refused_by_every_node_before_booking(tmp_path, write_a
     assert len(refusals) >= 2 and all("task.model(): DP-SGD needs per-example" in r for r in refusals)
     for i in range(2):
         assert booked(tmp_path / "state" / f"node{i}") == {}
+
+
+def test_a_task_with_its_own_loss_is_refused_evaluation_before_booking(tmp_path, write_app):
+    """A node's noisy evaluation counts cross-entropy and argmax: for a task with its own loss
+    (here a regression) it would book budget for a score of another loss, or fail after
+    booking; the node refuses the EVALUATE before it books, while TRAIN (the task's loss) runs."""
+    regression = GOOD.replace("nn.Linear(4, 2)", "nn.Linear(4, 1)").replace("(x[:, 0] > 0).long()", "x[:, :1] * 2")
+    source = regression + "\ndef loss(outputs, targets):\n    return torch.nn.functional.mse_loss(outputs, targets)\n"
+    app = write_app(source, name="ownloss")
+    grid, config = _federation(app, tmp_path / "state", {"fraction-evaluate": 1.0, "epsilon-budget": 100.0},
+                               {"allow-evaluate": True, "epsilon-budget": 100.0})
+    history = run_server(grid, config)
+    assert len(history.rounds) == 1
+    refusals = [reply.error.reason for reply in grid.log if reply.has_error()]
+    assert len(refusals) == 2 and all("the task has its own loss" in r for r in refusals)
+    for i in range(2):
+        entries = PrivacyLedger.load(tmp_path / "state" / f"node{i}" / "ledger.json").entries(str(i))
+        assert any(e.endswith("/train") for e in entries) and not any(e.endswith("/evaluate") for e in entries)
