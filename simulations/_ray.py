@@ -10,6 +10,7 @@ nodes' policy file to every worker, also on the other machines of a cluster.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -31,9 +32,14 @@ WORKER_NICENESS_ENV = "RAY_worker_niceness"
 on a machine busy with anything at nice 0 they then get a few percent of a core (the
 quick start's 3 nodes took 49 s to describe themselves at load 6-13). A cluster this
 program starts runs them at 0, like the ServerApp (a value already set is kept)."""
+NODE_WAIT_ENV = "RAY_raylet_start_wait_time_s"
+"""How long Ray waits for the node it starts to register with its GCS (its default 30 s; the
+30 s written in ``ray._private.node`` counts only once this wait has given up). A cluster this
+program starts gets fedpriv's start window (``start_timeout()``, whole seconds); a value
+already set is kept (the tests scale it with theirs: tests/timeouts.py)."""
 STARTUP_TIMED_OUT = "The current node timed out during startup"
-"""Ray's error when its raylet took longer than its fixed 30 s to register (a busy machine):
-the start is retried once."""
+"""Ray's error when its node took longer than that to register (a busy machine): the start
+is retried once."""
 
 WATCH_INTERVAL_S = 5.0
 WATCH_MISSES = 3
@@ -95,7 +101,9 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     import ray
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    timeout, windows = start_timeout(), 0
     os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the raylet ray.init starts
+    os.environ.setdefault(NODE_WAIT_ENV, str(math.ceil(timeout)))  # read by this process's Ray core
     outcome: dict[str, BaseException] = {}
     started, done = threading.Event(), threading.Event()
     attempts = [1]  # a retry appends; the main thread gives it a window of its own
@@ -129,7 +137,6 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     logging.getLogger("ray._private.worker").addFilter(
         lambda record: "SIGTERM handler is not set" not in record.getMessage())
     threading.Thread(target=start, name="ray-start", daemon=True).start()
-    timeout, windows = start_timeout(), 0
     while not started.wait(timeout):
         windows += 1
         if windows >= len(attempts):
