@@ -1,7 +1,11 @@
 """CIFAR-10 end to end: ``python -m simulations.cifar`` on tiny files in CIFAR-10's format.
 
 The Ray workers are fresh processes, so torchvision's md5 table is pointed at the test's
-files by a ``sitecustomize`` on PYTHONPATH; the production loader keeps its checks.
+files by a ``sitecustomize`` on PYTHONPATH; the production loader keeps its checks. Every
+Python process of the run reads it, Ray's own included, so it imports nothing itself: it
+patches torchvision's CIFAR module when (if) a process imports that. (Importing torchvision
+there cost each of Ray's processes torch's import: on a busy machine Ray's dashboard agent
+then took about 60 s to start, past the raylet's fixed 15 s for it, and Ray failed to start.)
 """
 
 import json
@@ -20,10 +24,25 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 
 SITECUSTOMIZE = """
-import json, os
-import torchvision
-for name, value in json.loads(os.environ["FEDPRIV_TEST_CIFAR_MD5"]).items():
-    setattr(torchvision.datasets.CIFAR10, name, value)
+import importlib.abc, importlib.util, json, os, sys
+
+class PointCifarAtTheTestFiles(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torchvision.datasets.cifar":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            for key, value in json.loads(os.environ["FEDPRIV_TEST_CIFAR_MD5"]).items():
+                setattr(module.CIFAR10, key, value)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, PointCifarAtTheTestFiles())
 """
 
 
