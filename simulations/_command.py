@@ -12,25 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.federation import modes
-from simulations._cli import (
-    Parser,
-    check_data_dir,
-    check_out,
-    federated_parser,
-    run_config_defaults,
-    use_cache_dir,
-)
+from fedpriv.federation.settings import KEYS, USED_BY, used_by
+from simulations._cli import Parser, check_data_dir, check_out, federated_parser, use_cache_dir
 
 
 def check_mode_flags(parser: Parser, args: argparse.Namespace) -> None:
     """Refuse (one line, exit 2) a flag that the chosen privacy mode does not use
-    (``fedpriv.federation.modes``), rather than ignore it."""
-    defaults = run_config_defaults()
-    mode = modes.mode_of(args.privacy or defaults["privacy"], args.user_noise or defaults["user-noise"])
-    given = [key for key in modes.USED_BY if getattr(args, key.replace("-", "_"), None) is not None]
-    for key in modes.unused(given, mode):
-        flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
-        parser.error(f"argument {flag}: {modes.unused_reason(key, mode)}")
+    (``fedpriv.federation.settings.USED_BY``), rather than ignore it."""
+    mode = modes.mode_of(args.privacy or KEYS["privacy"].default, args.user_noise or KEYS["user-noise"].default)
+    for key in USED_BY:
+        if mode not in used_by(key) and getattr(args, KEYS[key].attr, None) is not None:
+            flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
+            parser.error(f"argument {flag}: {modes.unused_reason(mode, used_by(key))}")
 
 
 def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:

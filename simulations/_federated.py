@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
-from fedpriv.federation.modes import USER_LEVEL_KEYS
 from fedpriv.federation.policy import POLICY_ENV, SecAggTrust, load_policy, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
 from fedpriv.federation.settings import RunSettings, SettingsError
@@ -50,20 +49,9 @@ from fedpriv.node import init_nodes
 from fedpriv.project import PROJECT_ROOT
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import LOG_FILE, federated_parser, flag_message, use_cache_dir
+from simulations._cli import FLAG_KEYS, FLAGS, LOG_FILE, federated_parser, flag_message, use_cache_dir
 from simulations._logging import console
 from simulations._ray import ray_cluster
-
-# flag -> run-config key, for the flags that map one to one
-_KEYS = (
-    "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
-    "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
-    "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
-    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
-    "lattice-rounding", "secagg-neighbours", *USER_LEVEL_KEYS,
-)
-# run-config key -> the flag that sets it, for error messages
-FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
 
 
 def build_parser(dataset: str) -> argparse.ArgumentParser:
@@ -79,23 +67,20 @@ def run_config_overrides(args: argparse.Namespace, dataset: str | None) -> dict[
                                  "server-randomness": "seeded"}  # a simulation is reproducible (user level)
     if dataset is not None:
         overrides["dataset"] = dataset
-    for key in _KEYS:
-        value = getattr(args, key.replace("-", "_"))
+    for key in FLAG_KEYS:
+        value = getattr(args, key.attr)
         if value is not None:
-            overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir", "state-dir") else value
+            overrides[key.name] = str(Path(value).resolve()) if key.path else value
     return overrides
 
 
 def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any]) -> RunSettings:
     """The fused run config as the apps will parse it (``RunSettings``, then the training plan
     the server derives from it); a value they would refuse is ``parser.error`` naming its flag."""
-    from fedpriv.models import MODELS
     from server.assign import base_plan
 
     try:
         settings = RunSettings.from_run_config(run_config)
-        if settings.model is not None and settings.model not in MODELS:
-            parser.error(f"argument --model: invalid choice: {settings.model!r} (choose from {', '.join(MODELS)})")
         base_plan(settings)
         if settings.resume:
             from server.state import ServerState

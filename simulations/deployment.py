@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fedpriv.federation.modes import USER_LEVEL_KEYS
+from fedpriv.federation.settings import USER_LEVEL_KEYS
 from fedpriv.project import PROJECT_ROOT
 from simulations._cli import (
     Parser,
@@ -450,8 +450,7 @@ def checked_run_config(parser: Parser, args: Any, out: Path) -> dict[str, Any]:
     from flwr.common.config import get_fused_config_from_dir
 
     from fedpriv.federation.settings import RunSettings
-    from simulations._cli import flag_message
-    from simulations._federated import FLAGS
+    from simulations._cli import FLAGS, flag_message
 
     fused = get_fused_config_from_dir(PROJECT_ROOT, run_config(args, out))
     try:

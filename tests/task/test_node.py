@@ -8,8 +8,8 @@ import pytest
 
 from fedpriv.new import new_app
 from fedpriv.privacy import PrivacyLedger
+from fedpriv.project import run_config_defaults
 from server.run import run_server
-from simulations._cli import run_config_defaults
 from tests.flower.inprocess import InProcessGrid, booked, node_config
 from tests.task.conftest import GOOD
 

@@ -315,7 +315,7 @@ def test_a_node_without_allow_distributed_refuses_and_books_nothing(tmp_path, sh
 
 @pytest.mark.parametrize(("extra", "message"), [({"clip-quantile": 0.5, "noise-multiplier": -1, "target-epsilon": 3.0},
                                                   "needs noise-multiplier"),
-                                                 ({"privacy": "local"}, "needs privacy = 'user'")])
+                                                 ({"privacy": "local"}, "privacy = 'local' does not use it")])
 def test_a_calibrated_adaptive_or_a_record_level_mode_with_distributed_user_noise_is_refused(extra, message):
     from fedpriv.federation.settings import RunSettings, SettingsError
 
