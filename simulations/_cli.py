@@ -218,12 +218,15 @@ FLAGS = {key.name: f"--{key.name}" for key in FLAG_KEYS} | {"min-clients": "--cl
 """Run-config key -> the flag that sets it, for error messages."""
 
 
+USER_LEVEL_FLAGS = tuple(key.name for key in FLAG_KEYS if key.name in USER_LEVEL_KEYS)
+"""The user-level keys that are flags (``--<key>``)."""
+
+
 def add_user_level(parser: argparse.ArgumentParser) -> None:
     """The user-level flags (``--privacy user``, docs/user-level.md)."""
     user = parser.add_argument_group("user level (--privacy user)")
-    for key in FLAG_KEYS:
-        if key.name in USER_LEVEL_KEYS:
-            add_flag(user, key)
+    for name in USER_LEVEL_FLAGS:
+        add_flag(user, KEYS[name])
 
 
 def federated_parser(dataset: str) -> Parser:

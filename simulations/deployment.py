@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fedpriv.federation.settings import USER_LEVEL_KEYS
 from fedpriv.project import PROJECT_ROOT
 from simulations._cli import (
+    USER_LEVEL_FLAGS,
     Parser,
     add_user_level,
     at_least,
@@ -128,7 +128,7 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
         "round-timeout": args.round_timeout, "privacy": args.privacy, "secagg-neighbours": args.secagg_neighbours,
     }
-    for key in ("target-epsilon", "noise-multiplier", *USER_LEVEL_KEYS):
+    for key in ("target-epsilon", "noise-multiplier", *USER_LEVEL_FLAGS):
         if (value := getattr(args, key.replace("-", "_"))) is not None:
             config[key] = value
     if args.limit_train:

@@ -43,7 +43,7 @@ def test_the_issues_commands_exit_2_with_one_line_naming_the_flag_and_the_mode(a
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("key", sorted(USED_BY))
+@pytest.mark.parametrize("key", sorted(key for key in USED_BY if KEYS[key].flag))
 def test_each_mode_accepts_exactly_the_flags_the_table_gives_it(key, capsys):
     parser = federated_parser("mnist")
     for mode in modes.MODES:
@@ -66,7 +66,8 @@ def test_the_table_names_real_run_config_keys_and_modes():
     defaults = run_config_defaults()
     flags = {a.dest for a in federated_parser("mnist")._actions}
     for key, used in USED_BY.items():
-        assert key in defaults and key.replace("-", "_") in flags and used <= set(modes.MODES) and used
+        assert key in defaults and (key.replace("-", "_") in flags or not KEYS[key].flag)
+        assert used <= set(modes.MODES) and used
     with pytest.raises(ValueError):
         modes.mode_of("central", "central")
 
@@ -145,3 +146,22 @@ def test_the_client_app_refuses_it_too(task_identity):
     reply = train(Message(RecordDict(), dst_node_id=1, message_type="train"), context)
     assert reply.has_error()
     assert reply.error.reason == "SettingsError: cohort = 5: privacy = 'local' does not use it (only privacy = 'user')"
+
+
+def test_an_apps_defaults_for_another_mode_are_reset_with_a_note_not_refused(tmp_path, capsys):
+    """A user's app (python -m fedpriv new) holds its template's defaults for local DP-SGD
+    (local-epochs = 5): run in distributed mode by the flag, they are not the user's choice
+    there, so the simulation resets them (a note names each) and the run config passes."""
+    from fedpriv.federation.settings import parse_settings
+    from fedpriv.new import pyproject
+    from simulations._run_config import fused_run_config
+
+    (tmp_path / "pyproject.toml").write_text(pyproject("app", {"task": "task", "local-epochs": 5, "lot-size": 64}))
+    parser = federated_parser("app")
+    _, run_config = fused_run_config(parser, parser.parse_args(["--privacy", "distributed"]), None, tmp_path)
+    assert (run_config["local-epochs"], run_config["lot-size"], run_config["privacy"]) == (1, 64, "distributed")
+    (note,) = capsys.readouterr().err.splitlines()
+    assert "note: the app's local-epochs = 5 is not used by this run's privacy mode" in note
+    assert parse_settings(run_config).mode == modes.DISTRIBUTED
+    _, local = fused_run_config(parser, parser.parse_args([]), None, tmp_path)
+    assert local["local-epochs"] == 5 and not capsys.readouterr().err  # its own mode keeps them

@@ -98,7 +98,11 @@ class Key:
 
     @classmethod
     def of(cls, field: dataclasses.Field[Any]) -> Key:
-        annotation = str(field.type)
+        """The key of a ``setting`` field of a module written with ``from __future__ import
+        annotations`` (its type is the annotation's text: ``int | None``, ``Partition``)."""
+        if not isinstance(field.type, str):
+            raise TypeError(f"{field.name}: define settings under `from __future__ import annotations`")
+        annotation = field.type
         base = annotation.removesuffix(" | None")
         meta = field.metadata
         kind = _SCALARS.get(base, str)

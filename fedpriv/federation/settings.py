@@ -159,11 +159,6 @@ class _Settings:
     resume: bool = setting(False, "continue the run in state-dir from its last completed round")
     round_timeout: float = setting(3600.0, "seconds a round waits for replies; a later node has failed the round",
                                    bound=POSITIVE)
-    server_randomness: ServerRandomness = setting(
-        ServerRandomness.SECURE, "where a user-level server draws its cohorts and noise: secure (the OS CSPRNG) or "
-                                 "seeded from seed (public: simulations and tests only; the simulations set it)",
-        choices=tuple(ServerRandomness), flag=False)
-
     def __post_init__(self) -> None:
         for field in fields(self):
             key, value = _key(field), getattr(self, field.name)
@@ -253,6 +248,10 @@ class _UserLevel(_LocalEpochs):
     clip_warmup_rounds: int = setting(0, "adaptive clipping: the first W rounds release only the noisy count, "
                                          "placing S before the model moves", bound=AT_LEAST_0, metavar="W")
     clip_warmup_lr: float = setting(1.0, "η of S's update in those count-only rounds", bound=POSITIVE)
+    server_randomness: ServerRandomness = setting(
+        ServerRandomness.SECURE, "where the server draws its cohorts and noise: secure (the OS CSPRNG) or "
+                                 "seeded from seed (public: simulations and tests only; the simulations set it)",
+        choices=tuple(ServerRandomness), flag=False)
 
     def _check(self) -> None:
         super()._check()

@@ -24,7 +24,7 @@ ORDER = (*SELECTORS, *(name for name in KEYS if name not in SELECTORS))
 SECTION = "[tool.flwr.app.config]"
 TABLE_START = "<!-- the run-config table: python -m fedpriv.federation.settings_docs writes it -->"
 TABLE_END = "<!-- end of the run-config table -->"
-TABLES = {"docs/federated.md": ORDER, "docs/user-level.md": (*USER_LEVEL_KEYS, "server-randomness")}
+TABLES = {"docs/federated.md": ORDER, "docs/user-level.md": USER_LEVEL_KEYS}
 """Each doc with a generated table, and its keys."""
 
 

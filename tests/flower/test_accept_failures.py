@@ -42,7 +42,8 @@ def test_by_default_the_other_nodes_updates_are_aggregated(tmp_path, shared_data
 
 
 def test_the_simulation_flag_sets_the_run_config_key():
-    from simulations._federated import build_parser, run_config_overrides
+    from simulations._federated import build_parser
+    from simulations._run_config import run_config_overrides
 
     def key(*argv):
         return run_config_overrides(build_parser("mnist").parse_args(list(argv)), "mnist").get("accept-failures")

@@ -353,7 +353,8 @@ def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_a
 
 
 def test_the_simulations_flag_gives_its_nodes_allow_distributed_and_half_the_cohort_not_central_trust(tmp_path):
-    from simulations._federated import build_parser, run_config_overrides, simulated_node_policy
+    from simulations._federated import build_parser, simulated_node_policy
+    from simulations._run_config import run_config_overrides
 
     args = build_parser("mnist").parse_args(["--clients", "100", "--privacy", "user", "--user-noise", "distributed",
                                              "--cohort", "21", "--noise-multiplier", "1.0"])
