@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.cli import Parser
+from fedpriv.federation import modes
 from fedpriv.federation.keys import Key
-from fedpriv.federation.settings import EXCLUSIVE, KEYS, USER_LEVEL_KEYS
+from fedpriv.federation.settings import EXCLUSIVE, KEYS, USER_LEVEL_KEYS, used_by
 
 CACHE_ENV = "FEDPRIV_CACHE_DIR"
 CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
@@ -196,7 +197,9 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ActionsContainer, key: 
     if shown is None:
         shown = key.unset if key.default is None else \
             ("yes" if key.default else "no") if key.kind is bool else str(key.default)
-    options: dict[str, Any] = {"help": f"{key.help} (default: {shown})", "default": None}
+    used = used_by(key.name)
+    only = "" if used == frozenset(modes.MODES) else f"[only {modes.described(used)}] "
+    options: dict[str, Any] = {"help": f"{only}{key.help} (default: {shown})", "default": None}
     if key.kind is bool:
         options["action"] = argparse.BooleanOptionalAction if key.default else "store_true"
     elif key.choices is not None:

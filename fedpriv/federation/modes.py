@@ -30,11 +30,24 @@ def mode_of(privacy: str, user_noise: str) -> str:
     return privacy
 
 
+def described(used: frozenset[str], flags: bool = True) -> str:
+    """The modes ``used`` in the command line's words (``--privacy local or --privacy user``)
+    or the run config's."""
+    words = DESCRIPTIONS if flags else RUN_CONFIG_WORDS
+    user = "--privacy user" if flags else "privacy = 'user'"
+    return " or ".join([words[m] for m in MODES if m in used - USER] + (
+        [user] if USER <= used else [words[m] for m in MODES if m in used & USER]))
+
+
 def unused_reason(mode: str, used: frozenset[str], flags: bool = True) -> str:
     """Why a key that the modes ``used`` use is refused in ``mode``, in the command line's
     words (``--privacy local does not use it (only --privacy user)``) or the run config's."""
-    words = DESCRIPTIONS if flags else RUN_CONFIG_WORDS
-    user = "--privacy user" if flags else "privacy = 'user'"
-    named = [words[m] for m in MODES if m in used - USER] + (
-        [user] if USER <= used else [words[m] for m in MODES if m in used & USER])
-    return f"{words[mode]} does not use it (only {' or '.join(named)})"
+    return f"{(DESCRIPTIONS if flags else RUN_CONFIG_WORDS)[mode]} does not use it (only {described(used, flags)})"
+
+
+def named(used: frozenset[str]) -> str:
+    """The modes ``used`` in a word each (``local, distributed``; ``user``: both user modes;
+    ``all``: every mode)."""
+    if used == frozenset(MODES):
+        return "all"
+    return ", ".join([m for m in MODES if m in used - USER] + (["user"] if USER <= used else sorted(used & USER)))

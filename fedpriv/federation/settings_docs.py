@@ -33,16 +33,6 @@ def toml_value(value: object) -> str:
     return json.dumps(value) if isinstance(value, (bool, str)) else repr(value)
 
 
-def modes_text(name: str) -> str:
-    """Which modes use a key, in the run config's words (``all``: every one)."""
-    used = used_by(name)
-    if used == frozenset(modes.MODES):
-        return "all"
-    named = [m for m in modes.MODES if m in used - modes.USER] + (["user"] if modes.USER <= used else sorted(
-        used & modes.USER))
-    return ", ".join(named)
-
-
 def default_text(key: Key) -> str:
     """A key's default for a reader: its value, or what unset means (and how TOML spells it)."""
     if key.default is None:
@@ -58,7 +48,7 @@ def config_section() -> str:
              SECTION]
     for name in ORDER:
         key = KEYS[name]
-        used = "" if modes_text(name) == "all" else f"[{modes_text(name)}] "
+        used = "" if modes.named(used_by(name)) == "all" else f"[{modes.named(used_by(name))}] "
         unset = f" ({toml_value(key.unset_as)}: {key.unset})" if key.default is None else ""
         lines.append(f"{name} = {toml_value(key.toml_default)}  # {used}{key.help}{unset}")
     return "\n".join(lines) + "\n"
@@ -70,7 +60,7 @@ def table(names: Iterable[str]) -> str:
     for name in names:
         key = KEYS[name]
         flag = f"`--{name}`" if key.flag else "`--clients`" if name == "min-clients" else "—"
-        rows.append(f"| `{name}` | {flag} | {modes_text(name)} | {default_text(key).replace('|', '∣')} | "
+        rows.append(f"| `{name}` | {flag} | {modes.named(used_by(name))} | {default_text(key).replace('|', '∣')} | "
                     f"{key.help.replace('|', '∣')} | {key.elsewhere} |")
     return "\n".join(rows)
 
