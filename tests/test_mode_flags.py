@@ -165,3 +165,15 @@ def test_an_apps_defaults_for_another_mode_are_reset_with_a_note_not_refused(tmp
     assert parse_settings(run_config).mode == modes.DISTRIBUTED
     _, local = fused_run_config(parser, parser.parse_args([]), None, tmp_path)
     assert local["local-epochs"] == 5 and not capsys.readouterr().err  # its own mode keeps them
+
+
+def test_a_user_apps_privacy_mode_is_the_mode_its_flags_are_checked_against(capsys):
+    """``simulations.run --app``: without ``--privacy``, the mode is the app's run config's."""
+    parser = federated_parser("app")
+    args = parser.parse_args(["--cohort", "2"])
+    check_mode_flags(parser, args, {"privacy": "user"})
+    with pytest.raises(SystemExit):
+        check_mode_flags(parser, args, {"privacy": "local"})
+    assert "argument --cohort: --privacy local does not use it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check_mode_flags(parser, parser.parse_args(["--cohort", "2", "--privacy", "local"]), {"privacy": "user"})
