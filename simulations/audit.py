@@ -41,7 +41,7 @@ MODELS = ("cnn", "mlp", "scatter_linear", "scatter_cnn")
 """The MNIST models (``fedpriv.models``)."""
 MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca",
               "distributed-noise", "count", "evaluation")
-"""``fedpriv.audit.mechanisms.CASES``' names (checked by a test), here so a bad name is one line at once."""
+"""``fedpriv.audit.mechanism_cases.CASES``' names (checked by a test), here so a bad name is one line at once."""
 
 
 def _training_flags(p: argparse.ArgumentParser) -> None:
