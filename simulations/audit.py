@@ -36,7 +36,7 @@ FIGURE_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 RED, RESET = "\033[31m", "\033[0m"
 PART_CHOICES = {"all": frozenset({"one-run", "white-box"}), "one-run": frozenset({"one-run"}),
                 "white-box": frozenset({"white-box"})}
-"""``--parts``: which of ``fedpriv.audit.dpsgd.PARTS`` run."""
+"""``--parts``: which of ``fedpriv.audit.canary_audit.PARTS`` run."""
 MODELS = ("cnn", "mlp", "scatter_linear", "scatter_cnn")
 """The MNIST models (``fedpriv.models``)."""
 MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca",
@@ -117,7 +117,7 @@ def mechanism_summary(result: dict[str, Any]) -> list[str]:
 
 
 def _setup(args: argparse.Namespace, **overrides: Any) -> Any:
-    from fedpriv.audit.dpsgd import CanaryAudit
+    from fedpriv.audit.canary_audit import CanaryAudit
 
     values = dict(canaries=args.canaries, model=args.model, seed=args.seed, data_dir=args.data_dir,
                   train_size=args.train_size, epochs=args.epochs, sample_rate=args.sample_rate, delta=args.delta)
