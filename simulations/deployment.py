@@ -138,6 +138,15 @@ def summary(results: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], 
     return "\n".join(lines)
 
 
+def check_trained(results: Mapping[str, Any], out: Path) -> None:
+    """``SystemExit`` (one line, exit 1) where the run trained no round (every node refused,
+    failed or had spent its budget: the initial model is no result), after the summary."""
+    if not results.get("rounds"):
+        why = results.get("stopped") or "no round"
+        raise SystemExit(f"python -m simulations.deployment: nothing was trained ({why}); the run's log says why: "
+                         f"{out / 'run.log'}")
+
+
 def progress(message: str) -> None:
     """A stage of the deployment, on the terminal as it starts."""
     print(f"python -m simulations.deployment: {message}", flush=True)
@@ -153,6 +162,21 @@ def node_budget(parser: Parser, args: Any) -> float:
                      "round it takes part in, not the clients' user-level ε" if args.privacy == "user" else
                      "--noise-multiplier: no target ε to default to"))
     return float(args.target_epsilon)
+
+
+def check_describable(parser: Parser, budget: float, delta_: float) -> None:
+    """Before round 1 each node describes itself with a DP count of its examples, booked in
+    its ledger: where that count alone exceeds its budget, every node refuses and nothing
+    trains; one ``parser.error`` line instead, before anything starts."""
+    from fedpriv.federation.policy import NodePolicy
+    from fedpriv.privacy import epsilon_of
+
+    policy = NodePolicy(epsilon_budget=budget, state_dir=Path("unused"), delta=delta_)  # as ``node_policy`` writes
+    cost = epsilon_of(policy.num_examples_event(), delta_, policy.accountant)
+    if cost > budget:
+        parser.error(f"argument --node-epsilon-budget: {budget:g} is below what a node spends to describe itself "
+                     f"before round 1 (its DP count of examples, num-examples-noise {policy.num_examples_noise:g}: "
+                     f"ε = {cost:.4g} at δ = {delta_:g}): every node would refuse and nothing would train")
 
 
 def checked_run_config(parser: Parser, args: Any, out: Path) -> dict[str, Any]:
@@ -180,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.min_clients and args.min_clients > args.nodes:
         parser.error(f"--min-clients {args.min_clients} is more than --nodes {args.nodes}")
     budget = node_budget(parser, args)
+    check_describable(parser, budget, args.delta)
     out = args.out.resolve()
     if args.resume and not (out / "server").exists():
         parser.error(f"--resume: {out / 'server'} holds no run to continue")
@@ -233,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json_atomic(out / "nodes.json", nodes)
     results = json.loads((out / "results.json").read_text())
     print(summary(results, nodes, args.target_epsilon, out, budget))
+    check_trained(results, out)
     return {"results": results, "nodes": nodes}
 
 
