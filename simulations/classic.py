@@ -20,13 +20,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simulations._cli import Parser, at_least, positive, write_out
 from simulations._logging import command_log
 from simulations._summary import epsilon_line, flower_console, metric_text, report
+
+if TYPE_CHECKING:
+    from server.classic.loops import Shares
 
 ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
               "output-perturbation": "iris"}
@@ -199,29 +202,43 @@ def federated(
     dataset = ALGORITHMS[algorithm]
     x_train, _, x_test, y_test = load(dataset, seed)
     outcome: dict[str, float] = {}
+    gathered: list[classic.Shares] = []
 
     def server(grid: Grid) -> None:
         bounds = stated_bounds(algorithm)
         if algorithm == "linreg":
-            model, _ = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
+            model, shares = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
             outcome["metric"] = metric(algorithm, model, x_test, y_test)
         elif algorithm == "kmeans-dplloyd":
-            model, _ = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
+            model, shares = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
             outcome["metric"] = metric(algorithm, model, x_test, y_test)
         elif algorithm == "ann-iris":
-            network, _ = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
+            network, shares = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
             outcome["metric"] = iris.accuracy(network, x_test, y_test.astype(int))
         else:
-            answers, _ = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
+            answers, shares = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
             outcome["metric"] = float((answers.argmax(axis=1) == y_test).mean())
+        gathered.append(shares)
 
     # each release spends at most its share of ε, and a ledger of pure (Laplace) releases
     # reports their exact sum where RDP's conversion would add a little: a budget of ε is enough
     budget = answers_budget(epsilon, len(y_test)) if algorithm == "output-perturbation" else epsilon
     ledgers = run_on_nodes(PROG, server, clients, {
         "epsilon-budget": budget, "delta": DELTA, "randomness": "seeded", "seed": seed})
+    answered(gathered[0], clients)
     spent = {client: 0.0 if ledger is None else ledger.spent_at(client, DELTA) for client, ledger in ledgers.items()}
     return outcome["metric"], spent
+
+
+def answered(shares: Shares, clients: int) -> None:
+    """``SystemExit`` (one line, exit 1) where no node's reply was accepted (each failed, e.g.
+    its Ray worker died, or refused): the model would be the server's initial one, its metric
+    no result. ``shares``: what the server loop gathered (``server.classic.loops.Shares``)."""
+    if shares.events:
+        return
+    reasons = sorted({(str(reason).splitlines() or [""])[0][:200] for reason in shares.refused.values()})
+    raise SystemExit(f"{PROG}: all {clients} nodes failed, so no metric (it would be the initial model's): "
+                     + ("; ".join(reasons) or "no node replied"))
 
 
 def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iterations: int) -> dict[str, Any]:
