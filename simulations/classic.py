@@ -20,16 +20,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from simulations._cli import Parser, at_least, positive, write_out
 from simulations._logging import command_log
 from simulations._summary import epsilon_line, flower_console, metric_text, report
-
-if TYPE_CHECKING:
-    from server.classic.loops import Shares
 
 ALGORITHMS = {"linreg": "diabetes", "kmeans-dplloyd": "iris", "kmeans-input": "iris", "ann-iris": "iris",
               "output-perturbation": "iris"}
@@ -197,7 +194,7 @@ def federated(
     from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
     from server.classic import loops as classic
-    from simulations._classic_nodes import run_on_nodes
+    from simulations._classic_nodes import check_answered, run_on_nodes
 
     dataset = ALGORITHMS[algorithm]
     x_train, _, x_test, y_test = load(dataset, seed)
@@ -225,20 +222,9 @@ def federated(
     budget = answers_budget(epsilon, len(y_test)) if algorithm == "output-perturbation" else epsilon
     ledgers = run_on_nodes(PROG, server, clients, {
         "epsilon-budget": budget, "delta": DELTA, "randomness": "seeded", "seed": seed})
-    answered(gathered[0], clients)
+    check_answered(PROG, gathered[0], clients)
     spent = {client: 0.0 if ledger is None else ledger.spent_at(client, DELTA) for client, ledger in ledgers.items()}
     return outcome["metric"], spent
-
-
-def answered(shares: Shares, clients: int) -> None:
-    """``SystemExit`` (one line, exit 1) where no node's reply was accepted (each failed, e.g.
-    its Ray worker died, or refused): the model would be the server's initial one, its metric
-    no result. ``shares``: what the server loop gathered (``server.classic.loops.Shares``)."""
-    if shares.events:
-        return
-    reasons = sorted({(str(reason).splitlines() or [""])[0][:200] for reason in shares.refused.values()})
-    raise SystemExit(f"{PROG}: all {clients} nodes failed, so no metric (it would be the initial model's): "
-                     + ("; ".join(reasons) or "no node replied"))
 
 
 def run(algorithm: str, epsilon: float, seed: int, clients: int | None, iterations: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""``python -m simulations.classic ... --clients K`` whose nodes all fail (issue 38: every Ray
-worker killed, e.g. out of memory, and the run printed a metric of 0.333 and exited 0): it
-exits non-zero with one line saying what failed, and prints no metric. The nodes fail as
-Flower's simulation engine reports a dead worker: an error reply to each message."""
+"""``python -m simulations.classic ... --clients K`` (and ``simulations.dpdropout``) whose
+nodes all fail (issue 38: every Ray worker killed, e.g. out of memory, and the run printed
+a metric of 0.333 and exited 0): it exits non-zero with one line saying what failed, and
+prints no metric. The nodes fail as Flower's simulation engine reports a dead worker: an
+error reply to each message."""
 
 import pytest
 from flwr.app import Error, Message
@@ -51,9 +52,16 @@ def test_a_run_whose_nodes_all_died_exits_non_zero_without_a_metric(algorithm, d
     assert "metric" not in capsys.readouterr().out
 
 
+def test_a_dpdropout_run_whose_nodes_all_died_exits_non_zero(dead_workers):
+    from simulations import dpdropout
+
+    with pytest.raises(SystemExit, match="^python -m simulations.dpdropout: all 2 nodes failed"):
+        dpdropout.main(["--dataset", "digits", "--epsilon", "1", "--clients", "2", "--epochs", "1"])
+
+
 def test_one_accepted_share_is_an_answer():
     from server.classic.loops import Shares
 
-    classic.answered(Shares(events={"1": []}, refused={"2": DIED}), 2)
+    classic_nodes.check_answered("prog", Shares(events={"1": []}, refused={"2": DIED}), 2)
     with pytest.raises(SystemExit, match="no node replied"):
-        classic.answered(Shares(), 2)
+        classic_nodes.check_answered("prog", Shares(), 2)
