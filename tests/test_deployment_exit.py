@@ -20,17 +20,16 @@ STOPPED = "round 1: no client can afford another round"
 
 
 class _Deployment:
-    """``simulations._orchestrator.Deployment`` without processes: its run writes ``results``."""
+    """``simulations._orchestrator.Deployment`` without processes: its ``flwr run`` exits 0
+    once it has written ``results`` as the server's results.json."""
 
     results: dict = {}
 
     def __init__(self, out: Path, nodes: int, network: object) -> None:
         self.out = out
-        run = SimpleNamespace(tail=lambda: "")
-        self.processes = SimpleNamespace(wait=lambda started: self._write(started))
-        self._run = run
+        self.processes = SimpleNamespace(wait=self._run)
 
-    def _write(self, started: object) -> int:
+    def _run(self, started: object) -> int:
         (self.out / "results.json").write_text(json.dumps(self.results))
         return 0
 
@@ -41,7 +40,7 @@ class _Deployment:
     def close(self) -> None: ...
 
     def start_run(self, *args: object, **kwargs: object) -> object:
-        return self._run
+        return SimpleNamespace(tail=lambda: "")
 
     def node_epsilons(self, delta: float) -> dict:
         return {"0": {"epsilon": 0.0, "entries": []}}
