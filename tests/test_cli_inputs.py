@@ -58,7 +58,7 @@ CASES = {
     "mnist-resume-without-state-dir": Case("simulations.mnist", ("--resume",), "--resume", "checked"),
     "mnist-resume-nothing-there": Case("simulations.mnist", ("--resume", "--state-dir", "{empty}"), "--resume",
                                        "checked"),
-    "mnist-unknown-model": Case("simulations.mnist", ("--model", "resnet"), "--model", "checked"),
+    "mnist-unknown-model": Case("simulations.mnist", ("--model", "resnet"), "--model"),
     "mnist-missing-data": Case("simulations.mnist", ("--data-dir", "{empty}"), "--data-dir", "checked"),
     "mnist-download-fails": Case("simulations.mnist", ("--data-dir", "{empty}/new", "--download"), "--download",
                                  "checked", tuple(NO_NETWORK.items())),
