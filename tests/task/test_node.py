@@ -76,6 +76,22 @@ def loss(outputs, targets):
 """
 
 
+def test_a_federation_evaluates_a_regression_task_on_its_nodes_each_booking_it(tmp_path, write_app):
+    """The real ServerApp and ClientApp on a task with its own loss (a regression): each node
+    answers the federated EVALUATE (it used to refuse it) and books it once; the server sums
+    the noisy counts (std 1 per node here: near the 2 × 10 test records)."""
+    app = write_app(REGRESSION, name="federated")
+    grid, config = _federation(app, tmp_path / "state", {"fraction-evaluate": 1.0, "epsilon-budget": 100.0},
+                               {"allow-evaluate": True, "evaluate-noise": 1.0, "epsilon-budget": 100.0})
+    history = run_server(grid, config)
+    assert not [reply.error.reason for reply in grid.log if reply.has_error()]
+    evaluation = history.rounds[0].federated_evaluation
+    assert abs(evaluation["count"] - 20) < 10 and not evaluation["rejected"] and math.isfinite(evaluation["loss"])
+    for i in range(2):
+        entries = booked(tmp_path / "state" / f"node{i}")[str(i)]
+        assert sum(e.endswith("/evaluate") for e in entries) == 1 and any(e.endswith("/train") for e in entries)
+
+
 def _evaluate(app, state, loss_clip=None, **policy):
     """The node's reply to one EVALUATE of ``app``'s task model (weights of seed 7), that model
     and the node's policy."""
