@@ -101,15 +101,17 @@ def parse_evaluation(msg: Message, context: Context) -> tuple[Evaluation, Charge
     model = received_model(msg, model_name, node.settings)
     loss_clip = read_loss_clip(node.config)
     data = node_data(node.settings, context, node.policy, train=False, model=model_name)
-    scores = classification_scores if node.settings.task is None else task_scores(node_task(node.settings.task))
+    scores: RecordScores = classification_scores
     if node.settings.task is not None:
+        scores = task_scores(node_task(node.settings.task))
         _check_scores(model, data, scores)
     charge = Charge(protocol.evaluate_entry(node.run_key, node.server_round), (node.policy.evaluate_event(),))
     return Evaluation(node, model, data, scores, loss_clip), charge
 
 
 def _check_scores(model: torch.nn.Module, data: TensorPair, scores: RecordScores) -> None:
-    """``Refusal`` unless the task's scores of two test records are a finite loss and a bool each."""
+    """``Refusal`` unless the task's scores of two test records are a loss and a bool each
+    (a non-finite loss is fine: it counts as the bound)."""
     training = model.training
     try:
         with torch.no_grad():
