@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from clients.release import Account, Booked, ReleaseKind
+from clients.release import Booked, ReleaseKind
 from clients.secure_sum import Contribute, ContributionKind, answer_stage, contribution
-from clients.task import NodeRound, loss_function, node_data, read_node_round, received_model, training_seed
+from clients.task import OfRound, loss_function, node_data, read_node_round, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
 from fedpriv.distributed.lattice import Lattice, Rounding
 from fedpriv.distributed.rounding import MAX_BOUND
@@ -141,21 +141,16 @@ def record_encoding(config: Any, plan: TrainingPlan, dimension: int,
 
 
 @dataclass(frozen=True)
-class Contribution:
+class Contribution(OfRound):
     """A distributed DP-SGD step as parsed: the plan, the received model, q and the lattice,
     and the settings the vector is computed under."""
 
-    node: NodeRound
     plan: TrainingPlan
     model: torch.nn.Module
     loss_fn: LossFn
     sample_rate: float
     lattice: Lattice
     settings: dict[str, Any]
-
-    @property
-    def account(self) -> Account:
-        return self.node.account
 
 
 def parse_contribution(msg: Message, context: Context, stage: StageInfo) -> tuple[Contribution, Charge]:

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
-from clients.release import Account, Booked, ReleaseKind, reply
+from clients.release import Booked, ReleaseKind, reply
 from clients.releases import Refusal
-from clients.task import NodeRound, node_data, node_task, read_node_round, received_model
+from clients.task import OfRound, node_data, node_task, read_node_round, received_model
 from fedpriv.data import TensorPair
 from fedpriv.dpsgd.per_example import per_example_losses
 from fedpriv.federation import protocol
@@ -48,18 +48,13 @@ MAX_LOSS_CLIP = 2.0**20
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(OfRound):
     """An EVALUATE as parsed: the received model, the node's test records, how each is scored."""
 
-    node: NodeRound
     model: torch.nn.Module
     data: TensorPair
     scores: RecordScores
     loss_clip: float
-
-    @property
-    def account(self) -> Account:
-        return self.node.account
 
 
 def task_scores(task: Task) -> RecordScores:

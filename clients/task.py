@@ -198,17 +198,23 @@ def read_node_round(msg: Message, context: Context) -> NodeRound:
 
 
 @dataclass(frozen=True)
-class Training:
-    """A local DP-SGD round as parsed: the plan, the received model, the task's loss."""
+class OfRound:
+    """A request of one round (its ``node``), booked to the round's account."""
 
     node: NodeRound
-    plan: TrainingPlan
-    model: torch.nn.Module
-    loss_fn: LossFn
 
     @property
     def account(self) -> Account:
         return self.node.account
+
+
+@dataclass(frozen=True)
+class Training(OfRound):
+    """A local DP-SGD round as parsed: the plan, the received model, the task's loss."""
+
+    plan: TrainingPlan
+    model: torch.nn.Module
+    loss_fn: LossFn
 
 
 def parse_training(msg: Message, context: Context) -> tuple[Training, Charge]:

@@ -20,7 +20,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.release import Account, Booked, ReleaseKind, reply
-from clients.task import NodeRound, loss_function, node_data, read_node_round, received_model, training_seed
+from clients.task import OfRound, loss_function, node_data, read_node_round, received_model, training_seed
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.policy import NodePolicy, Randomness
 from fedpriv.federation.userlevel_steps import clipped_delta, sent_delta
@@ -31,19 +31,14 @@ from fedpriv.training import TrainingPlan, default_device, train_round
 
 
 @dataclass(frozen=True)
-class UserRound:
+class UserRound(OfRound):
     """A user-level TRAIN as the node read and checked it, before anything is booked."""
 
-    node: NodeRound
     plan: TrainingPlan
     clip: float
     noise_multiplier: float
     model: torch.nn.Module
     before: dict[str, torch.Tensor]
-
-    @property
-    def account(self) -> Account:
-        return self.node.account
 
     @property
     def entry(self) -> str:
