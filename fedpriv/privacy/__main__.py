@@ -14,7 +14,8 @@ from fedpriv.cli import Parser, count, number
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
 from fedpriv.privacy.events import MIN_SAMPLE_RATE, dpsgd_event
-from fedpriv.privacy.ledger import LedgerError, PrivacyLedger
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.privacy.ledger_json import LedgerError
 
 
 def build_parser() -> argparse.ArgumentParser:
