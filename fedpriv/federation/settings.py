@@ -386,12 +386,10 @@ def parse_settings(config: Mapping[str, Any]) -> ModeSettings:
     if unknown:
         raise SettingsError(f"unknown run-config keys: {', '.join(unknown)}")
     values = {name: KEYS[name].parse(value) for name, value in config.items()}
-    privacy, user_noise = (values.get(name, KEYS[name].default) for name in SELECTORS)
-    try:
-        mode = modes.mode_of(privacy, user_noise)
-    except ValueError:
-        KEYS["privacy"].check(privacy)
-        raise
+    selected = [values.get(name, KEYS[name].default) for name in SELECTORS]
+    for name, value in zip(SELECTORS, selected, strict=True):
+        KEYS[name].check(value)  # the mode's value holds them only as its class
+    mode = modes.mode_of(*selected)
     for name, value in values.items():
         if mode not in used_by(name) and value != KEYS[name].default:
             raise SettingsError(f"{name} = {config[name]!r}: {modes.unused_reason(mode, used_by(name), flags=False)}")

@@ -93,6 +93,8 @@ def test_the_mode_values_are_the_four_modes():
     ({"secagg-neighbours": 3, "privacy": "distributed"}, "secagg-neighbours must be even and >= 0, got 3"),
     ({"model": "resnet"}, "model must be one of mlp, cnn"),
     ({"privacy": "central"}, "privacy must be one of local, distributed, user, got 'central'"),
+    ({"privacy": "user", "noise-multiplier": 1.0, "user-noise": "server"},
+     "user-noise must be one of central, distributed, got 'server'"),
     ({"user-noise": "distributed"}, "user-noise = 'distributed': privacy = 'local' does not use it"),
 ])
 def test_a_bad_value_is_one_line_naming_its_key(config, match):
