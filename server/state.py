@@ -34,7 +34,7 @@ class StateError(ValueError):
 @dataclass(frozen=True)
 class Checkpoint:
     """A run after its last completed round; ``strategy``: what its strategy carries across
-    rounds beyond the model (``BudgetedFedAvg.state``: nothing in local mode)."""
+    rounds beyond the model (``server.mechanism.Mechanism.state``: nothing in local mode)."""
 
     run_key: str
     completed_round: int

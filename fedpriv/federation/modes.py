@@ -29,8 +29,6 @@ USED_BY: dict[str, frozenset[str]] = {
     "local-epochs": frozenset({LOCAL}) | USER,
     # user level's cohort is a Poisson draw of `cohort` clients, not a fraction
     "fraction-train": frozenset({LOCAL, DISTRIBUTED}),
-    # distributed DP-SGD's round has no close (a secure sum is whole or discarded)
-    "accept-failures": frozenset({LOCAL}) | USER,
     "lattice-rounding": SECURE_SUM,
     "secagg-neighbours": SECURE_SUM,
     **{key: USER for key in USER_LEVEL_KEYS},
