@@ -62,18 +62,34 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
         secagg_neighbours=settings.secagg_neighbours)
 
 
+EPOCH, OPTIMIZER = "epoch", "optimizer/"
+"""The keys of ``DistributedDpSgd.state`` in the checkpoint: the epoch, and each optimizer
+state tensor as ``optimizer/<parameter index>/<name>``."""
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``optimizer``'s state dict with the per-parameter tensors of a checkpoint's ``state``."""
+    tensors: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        if key.startswith(OPTIMIZER):
+            index, name = key.removeprefix(OPTIMIZER).split("/", 1)
+            tensors.setdefault(int(index), {})[name] = torch.as_tensor(value)
+    return {**optimizer.state_dict(), "state": tensors}
+
+
 class DistributedDpSgd:
     """The parts of a distributed round: a sample booked the nominal event, the secure sum
     on the round's lattice, one optimizer step on the server's model."""
 
     def __init__(self, setup: DistributedSetup, model: torch.nn.Module, fraction_train: float = 1.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, resumed: Mapping[str, Any] | None = None) -> None:
         self.setup, self.model = setup, model
         self.sample = Sample(fraction_train, seed, self.charge)
         self.collector = SecureSum(self.round_lattice, setup.secagg_neighbours)
         self._lattice = setup.lattice
         self._optimizer: torch.optim.Optimizer | None = None
         self._epoch = 0
+        self._resumed = dict(resumed or {})  # the optimizer state of the epoch a resumed run is in
 
     def charge(self, assignment: Assignment, entry: str) -> Charge:
         """What a training round costs every client: the nominal distributed event."""
@@ -115,6 +131,9 @@ class DistributedDpSgd:
         epoch = (server_round - 1) // self.setup.steps_per_epoch + 1
         if self._optimizer is None or epoch != self._epoch:
             self._optimizer, self._epoch = make_optimizer(self.model, self.setup.plan, epoch), epoch
+            if self._resumed.pop(EPOCH, None) == epoch:  # the momentum of the epoch's earlier rounds
+                self._optimizer.load_state_dict(optimizer_state(self._optimizer, self._resumed))
+            self._resumed = {}
         offset = 0
         for param in self.model.parameters():
             size = param.numel()
@@ -124,8 +143,13 @@ class DistributedDpSgd:
         return ArrayRecord(self.model.state_dict())
 
     def state(self) -> dict[str, Any]:
-        """Nothing: the sampling is drawn per round, and the optimizer is fresh each epoch."""
-        return {}
+        """The optimizer's state within the current epoch (its momentum: a run resumed mid-epoch
+        steps as the uninterrupted one); the sampling is drawn per round."""
+        if self._optimizer is None:
+            return {}
+        return {EPOCH: self._epoch, **{f"{OPTIMIZER}{index}/{name}": value.numpy(force=True).copy()
+                                       for index, values in self._optimizer.state_dict()["state"].items()
+                                       for name, value in values.items() if isinstance(value, torch.Tensor)}}
 
     def resolved(self) -> dict[str, Any]:
         """The distributed setup (``DistributedSetup.resolved``)."""

@@ -57,7 +57,7 @@ def _local(start: Start) -> Mechanism:
 def _distributed(start: Start) -> Mechanism:
     s = start.settings
     return DistributedDpSgd(distributed.setup(s, start.plan, start.nodes, start.releases),
-                            run_model(start.plan.model, s.seed, s.task), s.fraction_train, s.seed)
+                            run_model(start.plan.model, s.seed, s.task), s.fraction_train, s.seed, start.resumed)
 
 
 def _user(start: Start) -> Mechanism:
