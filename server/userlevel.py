@@ -153,7 +153,7 @@ class UserLevel:
     """The parts of a central user-level round: the population booked, a Poisson cohort,
     plain replies checked against S, the noisy mean of the clipped deltas, S's step."""
 
-    def __init__(self, settings: RunSettings, nodes: Mapping[int, Any], seed: int = 0,
+    def __init__(self, settings: RunSettings, nodes: Mapping[int, Assignment], seed: int = 0,
                  resumed: Mapping[str, Any] | None = None) -> None:
         if settings.resume or resumed is not None:
             population, clip = resumed_state(resumed or {})

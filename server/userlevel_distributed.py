@@ -60,7 +60,7 @@ class DistributedUserLevel(UserLevel):
     """User-level DP-FedAvg whose noise the cohort adds under secure aggregation: central
     user level's booking, cohort and S, with its own events, lattice, collection and update."""
 
-    def __init__(self, settings: RunSettings, nodes: Mapping[int, Any], *, dimension: int,
+    def __init__(self, settings: RunSettings, nodes: Mapping[int, Assignment], *, dimension: int,
                  **kwargs: Any) -> None:
         self.dimension, self.rounding = dimension, settings.lattice_rounding
         self.lattice: Lattice | None = None
