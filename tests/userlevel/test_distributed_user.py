@@ -19,7 +19,6 @@ from flwr.app import Message, RecordDict
 import clients.userlevel_distributed as node_side
 from clients.client_app import app as real_app
 from clients.secure_sum import answer_stage, is_secure_sum
-from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.accountants.rdp import ORDERS
@@ -242,9 +241,8 @@ HONEST, SYBILS = 3, 2
 
 def _noiseless(msg: Message, context, stage) -> tuple[Vector, RecordDict]:
     """The server's node's vector: zeros, under the round's settings as the honest nodes compute them."""
-    config = msg.content.config_records[protocol.CONFIG]
-    _, settings = node_side.user_encoding(node_side.read_user_round(msg, context), config, stage, None)
-    return Vector(np.zeros(stage.dimension, dtype=np.uint64), settings), RecordDict()
+    request, _ = node_side.parse_delta(msg, context, stage)  # checked as an honest node checks it; nothing booked
+    return Vector(np.zeros(stage.dimension, dtype=np.uint64), request.settings), RecordDict()
 
 
 def _sybil_app(honest: int):
