@@ -22,16 +22,14 @@ MODE_FLAGS = {modes.LOCAL: ["--privacy", "local"], modes.DISTRIBUTED: ["--privac
 
 
 def _flags(key: str, mode: str) -> list[str]:
-    value = [] if key == "accept-failures" else [VALUES[key]]
     user_noise = ["--user-noise", "distributed"] if key == "user-noise" and mode == modes.USER_DISTRIBUTED else []
-    return MODE_FLAGS[mode] + ([f"--{key}", *value] if not user_noise else []) + user_noise
+    return MODE_FLAGS[mode] + ([f"--{key}", VALUES[key]] if not user_noise else []) + user_noise
 
 
 @pytest.mark.parametrize(("argv", "flag", "mode"), [
     (["--cohort", "5"], "--cohort", "--privacy local"),
     (["--privacy", "distributed", "--local-epochs", "2"], "--local-epochs", "--privacy distributed"),
     (["--privacy", "user", "--fraction-train", "0.5"], "--fraction-train", "--privacy user"),
-    (["--privacy", "distributed", "--no-accept-failures"], "--no-accept-failures", "--privacy distributed"),
     (["--privacy", "user", "--max-grad-norm", "1"], "--max-grad-norm", "--privacy user"),
 ])
 def test_the_issues_commands_exit_2_with_one_line_naming_the_flag_and_the_mode(argv, flag, mode, capsys, tmp_path):

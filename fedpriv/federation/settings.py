@@ -159,6 +159,11 @@ class _Settings:
     resume: bool = setting(False, "continue the run in state-dir from its last completed round")
     round_timeout: float = setting(3600.0, "seconds a round waits for replies; a later node has failed the round",
                                    bound=POSITIVE)
+    accept_failures: bool = setting(True, "aggregate a round although a sampled client refused, failed, timed "
+                                          "out or dropped out of a secure sum; false (--no-accept-failures) "
+                                          "keeps the previous model then",
+                                    elsewhere="Flower's strategies: accept_failures")
+
     def __post_init__(self) -> None:
         for field in fields(self):
             key, value = _key(field), getattr(self, field.name)
@@ -191,14 +196,11 @@ class _Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class _LocalEpochs(_Settings):
-    """Modes whose round trains each node for epochs and closes with the replies it got (not
-    distributed DP-SGD: one secure sum and one server step per round, whole or discarded)."""
+    """Modes whose round trains each node for local epochs (not distributed DP-SGD: one
+    secure sum and one server step per round)."""
 
     local_epochs: int = setting(1, "local epochs per round", bound=AT_LEAST_1,
                                 elsewhere="Flower's templates: local-epochs")
-    accept_failures: bool = setting(True, "aggregate a round although a sampled client refused, failed or timed "
-                                          "out; false (--no-accept-failures) keeps the previous model then",
-                                    elsewhere="Flower's strategies: accept_failures")
 
 
 @dataclass(frozen=True, kw_only=True)

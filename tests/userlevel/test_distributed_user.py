@@ -369,11 +369,11 @@ def test_a_round_config_whose_vector_the_secure_sum_cannot_take_is_refused_befor
     """A server that names σ_b (a bit coordinate) in a secure sum of d coordinates: each node
     refuses before it books, instead of booking and then failing."""
     from fedpriv.federation import userlevel
-    from server.userlevel_distributed import DistributedUserLevelFedAvg
+    from server.userlevel_distributed import DistributedUserLevel
 
-    honest = DistributedUserLevelFedAvg.train_config
-    monkeypatch.setattr(DistributedUserLevelFedAvg, "train_config",
-                        lambda self, r: {**honest(self, r), userlevel.COUNT_NOISE: COUNT_NOISE})
+    honest = DistributedUserLevel.train_config
+    monkeypatch.setattr(DistributedUserLevel, "train_config",
+                        lambda self, rnd, a: {**honest(self, rnd, a), userlevel.COUNT_NOISE: COUNT_NOISE})
     nodes = 3
     config = _run_config(shared_data_dir, tmp_path, nodes, nodes, 1)
     configs = {10 + i: node_config(i, nodes, tmp_path, **_policy(shared_data_dir, i)) for i in range(nodes)}
