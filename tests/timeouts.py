@@ -41,7 +41,9 @@ RAY_START_WAITS = {"RAY_raylet_start_wait_time_s": 120, "RAY_worker_register_tim
 """Ray's own start-up waits (its config, read from ``RAY_<name>`` by each of its processes),
 in seconds before scaling: how long a driver waits for its node to register with the GCS
 (Ray's default 30 s), a raylet for a worker it started to register (60 s), a process to
-reach the GCS (30 s). Other clusters and CPU-bound jobs beside the tests slow all three."""
+reach the GCS (30 s). Other clusters and CPU-bound jobs beside the tests slow all three.
+One wait nothing raises: Ray 2.55's raylet gives its dashboard agent a fixed 15 s to start,
+so a test must not slow the Python processes Ray starts (docs/federated.md, "A busy machine")."""
 
 
 def ray_start_waits() -> dict[str, str]:
