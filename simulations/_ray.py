@@ -98,12 +98,12 @@ def ray_cluster(init_args: Mapping[str, Any], env_vars: Mapping[str, str]) -> It
     address = init_args.get("address")
     if address and not answers(address):
         fail(f"no Ray cluster answers at {address} (start one with `ray start --head`)")
+    timeout, windows = start_timeout(), 0
+    os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the raylet ray.init starts
+    os.environ.setdefault(NODE_WAIT_ENV, str(math.ceil(timeout)))  # read by Ray's core here when imported
     import ray
 
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
-    timeout, windows = start_timeout(), 0
-    os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the raylet ray.init starts
-    os.environ.setdefault(NODE_WAIT_ENV, str(math.ceil(timeout)))  # read by this process's Ray core
     outcome: dict[str, BaseException] = {}
     started, done = threading.Event(), threading.Event()
     attempts = [1]  # a retry appends; the main thread gives it a window of its own

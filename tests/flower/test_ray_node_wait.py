@@ -23,16 +23,26 @@ from simulations._ray import NODE_WAIT_ENV, START_TIMEOUT_ENV
 from tests.timeouts import scaled
 
 SETTING = """
-import os, sys, types
+import importlib.abc, importlib.machinery, os, sys, types
 import clients.classic.client_app, server.classic.server_app, simulations._delivery, simulations._flower_private
 import simulations.classic, simulations.mnist  # what a simulation imports before ray_cluster
 print("Ray imported before ray_cluster:", "ray" in sys.modules, flush=True)
 from simulations._ray import NODE_WAIT_ENV, ray_cluster
 
-ray = sys.modules["ray"] = types.ModuleType("ray")  # what ray_cluster's `import ray` finds
-ray.init = lambda **kwargs: print("init sees", os.environ.get(NODE_WAIT_ENV), flush=True)
-ray.shutdown = lambda: None
-ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address="127.0.0.1:1")
+class FakeRay(importlib.abc.MetaPathFinder, importlib.abc.Loader):  # what ray_cluster's `import ray` runs
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name == "ray" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, ray):  # Ray's core reads its config when imported
+        print("Ray imported with", os.environ.get(NODE_WAIT_ENV), flush=True)
+        ray.init = lambda **kwargs: print("init sees", os.environ.get(NODE_WAIT_ENV), flush=True)
+        ray.shutdown = lambda: None
+        ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address="127.0.0.1:1")
+
+sys.meta_path.insert(0, FakeRay())
 with ray_cluster({}, {}):
     pass
 os.environ[NODE_WAIT_ENV] = "42"
@@ -81,8 +91,9 @@ def test_a_cluster_fedpriv_starts_waits_its_start_window_for_the_node_unless_tol
     done = subprocess.run([sys.executable, "-c", SETTING], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=scaled(120), env={**_without_the_wait(), START_TIMEOUT_ENV: str(window)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["Ray imported before ray_cluster: False", f"init sees {math.ceil(window)}",
-                                        "init sees 42"]
+    wait = math.ceil(window)
+    assert done.stdout.splitlines() == ["Ray imported before ray_cluster: False", f"Ray imported with {wait}",
+                                        f"init sees {wait}", "init sees 42"]
 
 
 @pytest.mark.cluster
