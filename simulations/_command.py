@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,17 @@ from simulations._cli import (
 )
 
 
-def check_mode_flags(parser: Parser, args: argparse.Namespace) -> None:
+def check_mode_flags(parser: Parser, args: argparse.Namespace, config: Mapping[str, Any] | None = None) -> None:
     """Refuse (one line, exit 2) a flag that the chosen privacy mode does not use
-    (``fedpriv.federation.modes``), rather than ignore it."""
-    defaults = run_config_defaults()
+    (``fedpriv.federation.modes``), rather than ignore it. The mode is the flags' over
+    ``config`` (an app's run config, ``simulations.run``; default fedpriv's own)."""
+    defaults = run_config_defaults() if config is None else {**run_config_defaults(), **config}
     mode = modes.mode_of(args.privacy or defaults["privacy"], args.user_noise or defaults["user-noise"])
     given = [key for key in modes.USED_BY if getattr(args, key.replace("-", "_"), None) is not None]
+    whose = " (the app's run config's mode)" if config is not None and args.privacy is None else ""
     for key in modes.unused(given, mode):
         flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
-        parser.error(f"argument {flag}: {modes.unused_reason(key, mode)}")
+        parser.error(f"argument {flag}: {modes.unused_reason(key, mode)}{whose}")
 
 
 def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
@@ -44,11 +46,12 @@ def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]
     return main(dataset, argv)
 
 
-def check_args(parser: Parser, args: argparse.Namespace) -> None:
+def check_args(parser: Parser, args: argparse.Namespace, config: Mapping[str, Any] | None = None) -> None:
     """The federated commands' cheap checks, before torch, Flower and Ray are imported: flags
-    the mode does not use, the cache folder, an ``--out`` holding results (but for
-    ``--dry-run``, which writes none), a ``--data-dir`` that is no folder."""
-    check_mode_flags(parser, args)
+    the mode does not use (the mode of the flags over ``config``, an app's run config), the
+    cache folder, an ``--out`` holding results (but for ``--dry-run``, which writes none), a
+    ``--data-dir`` that is no folder."""
+    check_mode_flags(parser, args, config)
     use_cache_dir(parser, args.cache_dir)
     if not args.dry_run:
         check_out(parser, Path(args.out).resolve(), bool(args.resume))

@@ -34,8 +34,9 @@ def build_parser() -> Parser:
     return parser
 
 
-def app_folder(parser: Parser, app: Path) -> Path:
-    """``app`` resolved, if its pyproject.toml names a task; else ``parser.error``."""
+def app_folder(parser: Parser, app: Path) -> tuple[Path, dict[str, Any]]:
+    """``app`` resolved and its run config (``[tool.flwr.app.config]``), if that names a task;
+    else ``parser.error``."""
     app = app.expanduser().resolve()
     try:
         with (app / "pyproject.toml").open("rb") as file:
@@ -45,15 +46,15 @@ def app_folder(parser: Parser, app: Path) -> Path:
     if not config.get("task"):
         parser.error(f"argument --app: {app}/pyproject.toml sets no task in [tool.flwr.app.config] "
                      "(task = \"task\" for task.py)")
-    return app
+    return app, config
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Check the flags and the app, then run ``simulations._federated`` on it."""
     parser = build_parser()
-    app = app_folder(parser, parser.parse_args(argv).app)
+    app, config = app_folder(parser, parser.parse_args(argv).app)
     parser.set_defaults(data_dir=str(app / "data"), out=f"runs/{app.name}")
-    check_args(parser, parser.parse_args(argv))  # with the app's folders as defaults
+    check_args(parser, parser.parse_args(argv), config)  # with the app's folders and mode as defaults
     sys.path.insert(0, str(app))  # the task imports by name, here and in Ray's workers (their PYTHONPATH)
     from simulations._federated import main as simulate_app
 

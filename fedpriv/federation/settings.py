@@ -157,11 +157,15 @@ class RunSettings:
             raise SettingsError(f"round-timeout must be finite and > 0 seconds, got {self.round_timeout}")
 
     def _check_task(self) -> None:
-        """A user's task (``fedpriv.task``) names a module, and brings its own model."""
+        """A user's task (``fedpriv.task``) names a module, and brings its own model and data."""
         if self.task is not None and not self.task.isidentifier():
             raise SettingsError(f"task must name a Python module of the app (e.g. \"task\"), got {self.task!r}")
         if self.task is not None and self.model is not None:
             raise SettingsError("task: a user's task brings its own model() (leave model unset)")
+        for key, limit in (("limit-train", self.limit_train), ("limit-test", self.limit_test)):
+            if self.task is not None and limit is not None:
+                raise SettingsError(f"{key}: a user's task chooses its own data (its load_data, on each node's "
+                                    "own folder): leave it unset, and take fewer items in load_data")
 
     def _check_distributed(self) -> None:
         """SecAgg+'s neighbours per node are 0 (the full graph) or even (a Harary graph)."""

@@ -24,18 +24,18 @@ def load_data(partition_id, num_partitions, data_dir):
 
 @pytest.fixture
 def write_app(tmp_path):
-    """``write_app(source, name)``: an app folder holding ``task.py`` = ``source`` and a
-    pyproject.toml naming it (fedpriv's run-config defaults); the module cache and
-    ``sys.path`` are restored after the test."""
+    """``write_app(source, name, config)``: an app folder holding ``task.py`` = ``source`` and a
+    pyproject.toml naming it (fedpriv's run-config defaults, ``config`` over them); the
+    module cache and ``sys.path`` are restored after the test."""
     from fedpriv.new import pyproject
 
     path, modules = list(sys.path), set(sys.modules)
 
-    def write(source: str = GOOD, name: str = "app") -> "pathlib.Path":  # noqa: F821
+    def write(source: str = GOOD, name: str = "app", config: dict | None = None) -> "pathlib.Path":  # noqa: F821
         app = tmp_path / name
         (app / "data").mkdir(parents=True)
         (app / "task.py").write_text(textwrap.dedent(source))
-        (app / "pyproject.toml").write_text(pyproject(name, {"task": "task"}))
+        (app / "pyproject.toml").write_text(pyproject(name, {"task": "task", **(config or {})}))
         return app
 
     yield write

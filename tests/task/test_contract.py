@@ -69,6 +69,28 @@ def test_simulations_run_refuses_an_out_holding_results_before_the_task(write_ap
     assert exit_.value.code == 2 and err.count("\n") == 1 and "argument --out: " in err and "app myapp" not in err
 
 
+@pytest.mark.parametrize(("config", "argv", "expected"), [
+    ({"privacy": "distributed"}, ["--local-epochs", "2"],
+     "argument --local-epochs: --privacy distributed does not use it (only --privacy local or --privacy user) "
+     "(the app's run config's mode)"),
+    ({"privacy": "user"}, ["--max-grad-norm", "2"], "argument --max-grad-norm: --privacy user (central noise)"),
+    ({}, ["--limit-train", "100"], "argument --limit-train: a user's task chooses its own data"),
+    ({}, ["--limit-test", "100"], "argument --limit-test: a user's task chooses its own data"),
+])
+def test_simulations_run_checks_flags_against_the_apps_own_run_config(write_app, config, argv, expected, tmp_path,
+                                                                     capsys):
+    """A flag is checked against the mode the app's pyproject.toml sets (not fedpriv's default
+    local mode); ``--limit-train``/``--limit-test`` are refused for a task (its ``load_data``
+    chooses its data): each one line, exit 2, nothing written."""
+    app, out = write_app(config=config, name="myapp"), tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        run_command.main(["--app", str(app), "--clients", "2", "--rounds", "1", "--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m simulations.run: error: {expected}"), err
+    assert not out.exists()
+
+
 def test_an_app_without_a_task_is_refused(tmp_path, capsys):
     (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nrounds = 1\n")
     with pytest.raises(SystemExit) as exit_:
