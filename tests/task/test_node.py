@@ -1,6 +1,7 @@
 """A user's task through fedpriv's real ServerApp and ClientApp, in process (no Ray): each
-privacy mode trains the tabular template with every node's ε, by its own durable ledger,
-within its budget; a broken task is refused by every node before it books anything."""
+privacy mode (local, distributed, user level with central or distributed noise) trains the
+tabular template with every node's ε, by its own durable ledger, within its budget; a
+broken task is refused by every node before it books anything."""
 
 import sys
 
@@ -23,6 +24,10 @@ MODES = {
     # a participant's own cost of user-level rounds (Gaussian(z/2) per round) is above the
     # population's target: its node's budget must leave room for it (docs/user-level.md)
     "user": ({"privacy": "user", "server-randomness": "seeded"}, {"allow-central-user": True, "epsilon-budget": 50.0}),
+    # the cohort's noise shares over SecAgg+ (docs/user-level.md): both nodes, each share sized for 2
+    "user-distributed": ({"privacy": "user", "user-noise": "distributed", "cohort": 2, "server-randomness": "seeded"},
+                         {"allow-distributed": True, "min-cohort": 2, "trust-server-cohort": True,
+                          "epsilon-budget": 50.0}),
 }
 
 
@@ -42,6 +47,8 @@ def test_every_privacy_mode_trains_a_task_within_each_nodes_budget(mode, tmp_pat
     grid, config = _federation(app, tmp_path / "state", *MODES[mode])
     history = run_server(grid, config)
     assert len(history.rounds) == config["rounds"] and history.model_sha256
+    for log in history.rounds:  # both nodes' updates in every round's aggregate
+        assert sorted(log.participants) == ["0", "1"] and not log.failed and not log.rejected and not log.discarded
     for i in range(2):
         ledger = PrivacyLedger.load(tmp_path / "state" / f"node{i}" / "ledger.json")
         assert 0 < ledger.spent_at(str(i), 1e-5) <= MODES[mode][1].get("epsilon-budget", BUDGET)  # its own account
