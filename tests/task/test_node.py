@@ -55,6 +55,38 @@ def test_every_privacy_mode_trains_a_task_within_each_nodes_budget(mode, tmp_pat
         assert any("/train" in entry for entry in ledger.entries(str(i)))
 
 
+LAZY = GOOD.replace("def load_data(", """
+class Items(torch.utils.data.Dataset):
+    \"\"\"A map-style data set, no TensorDataset: it records the largest fetch.\"\"\"
+
+    largest = 0
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+    def __getitems__(self, indices):
+        Items.largest = max(Items.largest, len(indices))
+        return [self[i] for i in indices]
+
+def load_data(""").replace("torch.randn(40, 3", "torch.randn(400, 3").replace(
+    "return torch.utils.data.TensorDataset(x, y),", "return Items(x, y),")
+
+
+def test_a_map_style_data_set_trains_lot_by_lot(tmp_path, write_app):
+    """The node fetches each micro-batch of a lot from the task's data set, never all of it."""
+    app = write_app(LAZY, name="lazy")
+    grid, config = _federation(app, tmp_path / "state", {"max-physical-batch": 16, "lot-size": 64, "rounds": 1}, {})
+    history = run_server(grid, config)
+    assert len(history.rounds) == 1 and not history.rounds[0].failed
+    assert 0 < sys.modules["task"].Items.largest <= 16
+
+
 def test_a_broken_task_is_refused_by_every_node_before_booking(tmp_path, write_app):
     app = write_app(GOOD.replace("nn.Tanh()", "nn.BatchNorm1d(4)"), name="broken")
     grid, config = _federation(app, tmp_path / "state", {}, {})
