@@ -44,3 +44,17 @@ def write_app(tmp_path):
         if name == "task" or name.startswith("_fedpriv_task_"):
             del sys.modules[name]
     task_module._load_task.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def template_apps(tmp_path_factory) -> dict:
+    """``python -m fedpriv new`` of each template, once for the session's tests that run them
+    (they only read the apps: each run writes to its own --out)."""
+    from fedpriv.__main__ import main as fedpriv_main
+    from fedpriv.templates import TEMPLATES
+
+    root = tmp_path_factory.mktemp("templates")
+    apps = {template: fedpriv_main(["new", str(root / template), "--template", template]) for template in TEMPLATES}
+    for app in apps.values():
+        assert (app / "task.py").is_file() and 'task = "task"' in (app / "pyproject.toml").read_text()
+    return apps
