@@ -18,9 +18,10 @@ from tests.timeouts import scaled
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 TARGET = 8.0
-MODES = {"local": [], "distributed": ["--privacy", "distributed", "--rounds", "8"]}
-"""Local mode runs each template's own plan (RUN_CONFIG); a distributed round is one DP-SGD
-step (one secure sum), so it runs 8 of them."""
+MODES = {"local": ["--rounds", "1"], "distributed": ["--privacy", "distributed", "--rounds", "8"]}
+"""Local mode runs one round of each template's own plan (RUN_CONFIG: its local epochs, at
+the σ for the target over one round); a distributed round is one DP-SGD step (one secure
+sum), so it runs 8 of them (about a second each: the run's cost is Ray's start)."""
 DISTRIBUTED_LR = {"image": ["--lr", "3"]}
 """The image template's own lr (1) is for its local epochs; a single step per round wants more."""
 
