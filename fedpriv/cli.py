@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 
@@ -17,3 +19,32 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[str], float]:
+    """An argparse type: a finite float for which ``valid`` holds, or one line naming ``name``
+    and ``rule``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not (math.isfinite(value) and valid(value)):
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {text}")
+        return value
+
+    return parse
+
+
+def count(name: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, or one line naming ``name``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {text}")
+        return value
+
+    return parse

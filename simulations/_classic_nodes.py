@@ -1,8 +1,9 @@
 """Run a server function, as the classic ServerApp (``server/classic/server_app.py``), over K
 simulated nodes of the classic ClientApp (``clients/classic/client_app.py``) in Flower's
 simulation engine, each node with the given policy, seeded randomness and its own durable
-ledger; return what each node's ledger booked. Shared by ``simulations.classic``,
-``simulations.dpdropout`` and ``simulations.dppca``.
+ledger; return what each node's ledger booked; and refuse to report a result where no
+node answered. Shared by ``simulations.classic``, ``simulations.dpdropout`` and
+``simulations.dppca``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.serverapp import Grid
+
+if TYPE_CHECKING:
+    from server.classic.loops import Shares
 
 
 def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy: Mapping[str, Any]
@@ -51,3 +55,14 @@ def run_on_nodes(prog: str, server: Callable[[Grid], None], clients: int, policy
             path = Path(state) / "nodes" / client / "ledger.json"
             ledgers[client] = PrivacyLedger.load(path) if path.exists() else None
     return ledgers
+
+
+def check_answered(prog: str, shares: Shares, clients: int) -> None:
+    """``SystemExit`` (one line, exit 1) where no node's reply was accepted (each failed, e.g.
+    its Ray worker died, or refused): the model would be the server's initial one, its metric
+    no result. ``shares``: what the server loop gathered."""
+    if shares.events:
+        return
+    reasons = sorted({(str(reason).splitlines() or [""])[0][:200] for reason in shares.refused.values()})
+    raise SystemExit(f"{prog}: all {clients} nodes failed, so no metric (it would be the initial model's): "
+                     + ("; ".join(reasons) or "no node replied"))

@@ -36,12 +36,12 @@ FIGURE_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 RED, RESET = "\033[31m", "\033[0m"
 PART_CHOICES = {"all": frozenset({"one-run", "white-box"}), "one-run": frozenset({"one-run"}),
                 "white-box": frozenset({"white-box"})}
-"""``--parts``: which of ``fedpriv.audit.dpsgd.PARTS`` run."""
+"""``--parts``: which of ``fedpriv.audit.canary_audit.PARTS`` run."""
 MODELS = ("cnn", "mlp", "scatter_linear", "scatter_cnn")
 """The MNIST models (``fedpriv.models``)."""
 MECHANISMS = ("laplace", "linreg", "kmeans-dplloyd", "kmeans-init", "kmeans-input", "iris-output", "dppca",
               "distributed-noise", "count", "evaluation")
-"""``fedpriv.audit.mechanisms.CASES``' names (checked by a test), here so a bad name is one line at once."""
+"""``fedpriv.audit.mechanism_cases.CASES``' names (checked by a test), here so a bad name is one line at once."""
 
 
 def _training_flags(p: argparse.ArgumentParser) -> None:
@@ -117,7 +117,7 @@ def mechanism_summary(result: dict[str, Any]) -> list[str]:
 
 
 def _setup(args: argparse.Namespace, **overrides: Any) -> Any:
-    from fedpriv.audit.dpsgd import CanaryAudit
+    from fedpriv.audit.canary_audit import CanaryAudit
 
     values = dict(canaries=args.canaries, model=args.model, seed=args.seed, data_dir=args.data_dir,
                   train_size=args.train_size, epochs=args.epochs, sample_rate=args.sample_rate, delta=args.delta)

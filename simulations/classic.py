@@ -194,32 +194,35 @@ def federated(
     from fedpriv.algorithms import iris
     from fedpriv.algorithms.datasets import load
     from server.classic import loops as classic
-    from simulations._classic_nodes import run_on_nodes
+    from simulations._classic_nodes import check_answered, run_on_nodes
 
     dataset = ALGORITHMS[algorithm]
     x_train, _, x_test, y_test = load(dataset, seed)
     outcome: dict[str, float] = {}
+    gathered: list[classic.Shares] = []
 
     def server(grid: Grid) -> None:
         bounds = stated_bounds(algorithm)
         if algorithm == "linreg":
-            model, _ = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
+            model, shares = classic.federated_linreg(grid, dataset, seed, epsilon, bounds)
             outcome["metric"] = metric(algorithm, model, x_test, y_test)
         elif algorithm == "kmeans-dplloyd":
-            model, _ = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
+            model, shares = classic.federated_dplloyd(grid, dataset, seed, epsilon, 3, bounds, iterations)
             outcome["metric"] = metric(algorithm, model, x_test, y_test)
         elif algorithm == "ann-iris":
-            network, _ = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
+            network, shares = classic.federated_ann(grid, dataset, seed, epsilon, DELTA, len(x_train) / clients)
             outcome["metric"] = iris.accuracy(network, x_test, y_test.astype(int))
         else:
-            answers, _ = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
+            answers, shares = classic.federated_answers(grid, dataset, seed, epsilon, x_test)
             outcome["metric"] = float((answers.argmax(axis=1) == y_test).mean())
+        gathered.append(shares)
 
     # each release spends at most its share of ε, and a ledger of pure (Laplace) releases
     # reports their exact sum where RDP's conversion would add a little: a budget of ε is enough
     budget = answers_budget(epsilon, len(y_test)) if algorithm == "output-perturbation" else epsilon
     ledgers = run_on_nodes(PROG, server, clients, {
         "epsilon-budget": budget, "delta": DELTA, "randomness": "seeded", "seed": seed})
+    check_answered(PROG, gathered[0], clients)
     spent = {client: 0.0 if ledger is None else ledger.spent_at(client, DELTA) for client, ledger in ledgers.items()}
     return outcome["metric"], spent
 

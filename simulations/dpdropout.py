@@ -164,7 +164,7 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     from fedpriv.algorithms import dpdropout
     from fedpriv.algorithms.datasets import load as load_split
     from server.classic.loops import federated_dpdropout
-    from simulations._classic_nodes import run_on_nodes
+    from simulations._classic_nodes import check_answered, run_on_nodes
 
     _, y, x_test, y_test = load_split(args.dataset, args.seed)
     share_size = len(y) / args.clients  # public: an IID split of a data set of public size
@@ -181,6 +181,7 @@ def federated(args: argparse.Namespace, method: str) -> dict[str, Any]:
     ledgers = run_on_nodes(PROG, server, args.clients, {
         "epsilon-budget": paper.get("sound_epsilon", args.epsilon) * (1 + 1e-9), "delta": args.delta,
         "accountant": args.accountant, "randomness": "seeded", "seed": args.seed})
+    check_answered(PROG, outcome["shares"], args.clients)
     spent = {client: 0.0 if ledger is None else ledger.spent_at(client, args.delta)
              for client, ledger in ledgers.items()}
     accuracy = dpdropout.accuracy(outcome["model"], dpdropout.digits_features(x_test),

@@ -1,5 +1,5 @@
 """The pure steps of a central user-level round (``server.userlevel``, ``clients.userlevel``),
-one copy that the apps and the audit (``fedpriv.audit.dpsgd``) both call.
+one copy that the apps and the audit (``fedpriv.audit.dpsgd_modes``) both call.
 
 - ``clipped_delta``: the node's model delta, scaled to L2 norm ≤ S, and the bit 1[‖Δ‖ ≤ S];
   ``sent_delta``: that delta as the node sends it, in the model's dtypes.

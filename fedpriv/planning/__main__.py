@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedpriv.cli import Parser
+from fedpriv.cli import Parser, count, number
 from fedpriv.model_names import MODELS
 from fedpriv.planning.planner import PLANNERS, Federation, plan, plot, table
-from fedpriv.privacy.__main__ import _count, _number
 from fedpriv.privacy.accountants import AccountantKind
 
 
@@ -23,25 +22,25 @@ def build_parser(prog: str = "python -m fedpriv.planning") -> argparse.ArgumentP
     plan = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     plan.add_argument("--privacy", action="append", choices=["local", "distributed", "user", "user-distributed"],
                       help="a mode to plan (repeat for several; default: all, side by side)")
-    plan.add_argument("--population", type=_count("population"), required=True, help="clients in the federation")
-    plan.add_argument("--cohort", type=_count("cohort"), help="clients per round (default: all)")
-    plan.add_argument("--rounds", type=_count("rounds"), required=True,
+    plan.add_argument("--population", type=count("population"), required=True, help="clients in the federation")
+    plan.add_argument("--cohort", type=count("cohort"), help="clients per round (default: all)")
+    plan.add_argument("--rounds", type=count("rounds"), required=True,
                       help="the run's --rounds (distributed mode: DP-SGD steps, one a round)")
     sizes = plan.add_mutually_exclusive_group()
-    sizes.add_argument("--records-per-client", type=_count("records per client"), metavar="N")
+    sizes.add_argument("--records-per-client", type=count("records per client"), metavar="N")
     sizes.add_argument("--data-sizes", metavar="FILE", help="each client's number of records (a JSON list, or "
                                                             "whitespace-separated integers)")
-    plan.add_argument("--lot-size", type=_count("lot size"),
+    plan.add_argument("--lot-size", type=count("lot size"),
                       help="each client's expected lot, the union's in distributed mode (default: as the server "
                            "does, the data set's lot shared out; distributed: ΣN / 3)")
-    plan.add_argument("--local-epochs", type=_count("local epochs"), default=1)
-    plan.add_argument("--target-epsilon", type=_number("target epsilon", lambda e: e > 0, "> 0"))
-    plan.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"),
+    plan.add_argument("--local-epochs", type=count("local epochs"), default=1)
+    plan.add_argument("--target-epsilon", type=number("target epsilon", lambda e: e > 0, "> 0"))
+    plan.add_argument("--noise-multiplier", type=number("noise multiplier", lambda s: s > 0, "> 0"),
                       help="a fixed sigma (z for user level): the rounds it affords at --target-epsilon")
-    plan.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
-    plan.add_argument("--clip-warmup-rounds", type=_count("count-only rounds", minimum=0), default=0, metavar="W",
+    plan.add_argument("--delta", type=number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
+    plan.add_argument("--clip-warmup-rounds", type=count("count-only rounds", minimum=0), default=0, metavar="W",
                       help="user level, adaptive clipping: the first W of --rounds release only the noisy count")
-    plan.add_argument("--clip-count-noise", type=_number("clip-count-noise", lambda s: s > 0, "> 0"),
+    plan.add_argument("--clip-count-noise", type=number("clip-count-noise", lambda s: s > 0, "> 0"),
                       help="σ_b of the noisy count (default: max(cohort / 20, z), as the server sets it)")
     plan.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
     plan.add_argument("--dataset", choices=["mnist", "cifar10"], default="mnist", help="whose default plan (local)")
@@ -49,9 +48,9 @@ def build_parser(prog: str = "python -m fedpriv.planning") -> argparse.ArgumentP
     plan.add_argument("--plot", metavar="P.png", help="also plot epsilon per round of each mode")
     plan.add_argument("--model", choices=MODELS, help="the run's --model (default: the data set's); "
                                                                    "its size sets the distributed modes' lattice")
-    plan.add_argument("--max-grad-norm", type=_number("max grad norm", lambda c: c > 0, "> 0"),
+    plan.add_argument("--max-grad-norm", type=number("max grad norm", lambda c: c > 0, "> 0"),
                       help="the run's C (default: the data set's): the distributed lattice's scale")
-    plan.add_argument("--user-clip", type=_number("user clip", lambda s: s > 0, "> 0"), default=1.0,
+    plan.add_argument("--user-clip", type=number("user clip", lambda s: s > 0, "> 0"), default=1.0,
                       help="S of user level (default 1): the distributed user-level lattice's scale")
     plan.add_argument("--lattice-rounding", choices=["nearest", "conditional"], default="nearest")
     return plan

@@ -5,6 +5,7 @@ See docs/architecture.md for the contract and docs/accounting.md for the math.
 """
 
 from fedpriv.privacy.accountants import AccountantKind, UnsupportedEventError, epsilon_of, make_accountant
+from fedpriv.privacy.budget import Budget
 from fedpriv.privacy.calibration import calibrate_distributed_noise, calibrate_noise_multiplier
 from fedpriv.privacy.events import (
     ComposedEvent,
@@ -18,7 +19,8 @@ from fedpriv.privacy.events import (
     event_from_dict,
     event_to_dict,
 )
-from fedpriv.privacy.ledger import Budget, BudgetExceededError, LedgerError, PrivacyLedger
+from fedpriv.privacy.ledger import BudgetExceededError, PrivacyLedger
+from fedpriv.privacy.ledger_json import LedgerError
 from fedpriv.privacy.store import LedgerStore
 
 __all__ = [

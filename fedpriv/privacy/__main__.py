@@ -8,28 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
-from collections.abc import Callable
 
-from fedpriv.cli import Parser
+from fedpriv.cli import Parser, count, number
 from fedpriv.privacy.accountants import AccountantKind, epsilon_of
 from fedpriv.privacy.calibration import calibrate_noise_multiplier
 from fedpriv.privacy.events import MIN_SAMPLE_RATE, dpsgd_event
-from fedpriv.privacy.ledger import LedgerError, PrivacyLedger
-
-
-def _number(name: str, valid: Callable[[float], bool], rule: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not (math.isfinite(value) and valid(value)):
-            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {text}")
-        return value
-
-    return parse
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.privacy.ledger_json import LedgerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,14 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     common = Parser(add_help=False)
     common.add_argument("--accountant", choices=[k.value for k in AccountantKind], default="rdp")
-    common.add_argument("--sample-rate", type=_number("sample rate", lambda q: MIN_SAMPLE_RATE <= q <= 1,
+    common.add_argument("--sample-rate", type=number("sample rate", lambda q: MIN_SAMPLE_RATE <= q <= 1,
                                                       "in [2^-33, 1] (what the Poisson samplers draw)"), required=True)
-    common.add_argument("--steps", type=_count("steps", minimum=0), required=True)
-    common.add_argument("--delta", type=_number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
+    common.add_argument("--steps", type=count("steps", minimum=0), required=True)
+    common.add_argument("--delta", type=number("delta", lambda d: 0 < d < 1, "in (0, 1)"), required=True)
     eps = sub.add_parser("epsilon", parents=[common], help="epsilon of DP-SGD at (sigma, q, steps, delta)")
-    eps.add_argument("--noise-multiplier", type=_number("noise multiplier", lambda s: s > 0, "> 0"), required=True)
+    eps.add_argument("--noise-multiplier", type=number("noise multiplier", lambda s: s > 0, "> 0"), required=True)
     sig = sub.add_parser("sigma", parents=[common], help="smallest sigma (3 sig. digits) reaching epsilon")
-    sig.add_argument("--epsilon", type=_number("epsilon", lambda e: e > 0, "> 0"), required=True)
+    sig.add_argument("--epsilon", type=number("epsilon", lambda e: e > 0, "> 0"), required=True)
     ledger = sub.add_parser("ledger", help="inspect a saved privacy ledger")
     show = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=Parser)
     show_parser = show.add_parser("show", help="table per client: entries, events, spent, budget, remaining")
@@ -53,20 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plan", add_help=False, help="each privacy mode's noise, epsilon per round and noise-to-signal "
                                                 "for a federation's shape (python -m fedpriv.planning)")
     return parser
-
-
-def _count(name: str, minimum: int = 1) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, or one line naming ``name``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {text}")
-        return value
-
-    return parse
 
 
 def _ledger_rows(ledger: PrivacyLedger) -> list[dict[str, object]]:

@@ -6,7 +6,7 @@ and the tuple of events it spent. Entries keep the order in which they were reco
 
 Invariants:
 - A client's spent ε is the ε, at its budget's δ, of *all* its recorded events merged
-  (``merge_events``) and composed by one fresh accountant of the ledger's kind. The merge
+  (``fedpriv.privacy.merge``) and composed by one fresh accountant of the ledger's kind. The merge
   is kept per client and extended by each record (not redone over its history), and ε is
   memoised per (accountant kind, δ, merged event), so a round that books the same event
   for 1,000 clients with equal histories runs the accountant once, whatever the round.
@@ -18,7 +18,8 @@ Invariants:
   ``json.dumps(to_dict(), indent=1)``; ``to_json`` writes it from each entry's text, encoded
   once (entries never change once recorded).
 - JSON schema version 2; version 1 files (entries tagged by integer rounds) still load,
-  each round ``r`` becoming the entry key ``str(r)``.
+  each round ``r`` becoming the entry key ``str(r)`` (the format and its reader:
+  ``fedpriv.privacy.ledger_json``).
 
 For a ledger shared by processes and kept across runs, see ``fedpriv.privacy.store``.
 """
@@ -30,81 +31,31 @@ import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedpriv.files import write_bytes_atomic
 from fedpriv.privacy.accountants import AccountantKind, make_accountant
-from fedpriv.privacy.events import (
-    ComposedEvent,
-    DpEvent,
-    SelfComposedEvent,
-    event_from_dict,
-    event_to_dict,
+from fedpriv.privacy.budget import Budget
+from fedpriv.privacy.events import DpEvent, event_to_dict
+from fedpriv.privacy.ledger_json import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    LedgerError,
+    check_client,
+    check_entry,
+    entry_text,
+    read_ledger,
 )
+from fedpriv.privacy.merge import count_leaves, merged_event
 
-SCHEMA = "fedpriv.privacy.ledger"
-SCHEMA_VERSION = 2
 EPSILON_MEMO_SIZE = 65536
 """How many (accountant kind, δ, merged event) → ε results ``_epsilon_of`` keeps."""
 Events = DpEvent | Iterable[DpEvent]
 
 
-class LedgerError(ValueError):
-    """A ledger file is missing or corrupt, or a retried report contradicts the record."""
-
-
 class BudgetExceededError(RuntimeError):
     """Recording the events would push a client past its privacy budget."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An (ε, δ) privacy budget: 0 < ε (∞ allowed), 0 < δ < 1."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0):
-            raise ValueError(f"budget epsilon must be > 0, got {self.epsilon!r}")
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise ValueError(f"budget delta must be in (0, 1), got {self.delta!r}")
-
-
-def count_leaves(events: Iterable[DpEvent], counts: Mapping[DpEvent, int] | None = None) -> dict[DpEvent, int]:
-    """{leaf: count} of ``events`` run in sequence, added to a copy of ``counts``: Composed
-    and SelfComposed unrolled into counts of leaves (mechanisms or Poisson-sampled
-    mechanisms), in first-seen order (a leaf seen with count 0 keeps its place)."""
-    out = dict(counts or {})
-
-    def walk(event: DpEvent, n: int) -> None:
-        match event:
-            case SelfComposedEvent(event=inner, count=k):
-                walk(inner, n * k)
-            case ComposedEvent(events=inner):
-                for e in inner:
-                    walk(e, n)
-            case _:
-                out[event] = out.get(event, 0) + n
-
-    for event in events:
-        walk(event, 1)
-    return out
-
-
-def merged_event(counts: Mapping[DpEvent, int]) -> DpEvent:
-    """SelfComposed(leaf, count) of each leaf with count > 0, in order; one event or a Composed."""
-    merged = tuple(SelfComposedEvent(leaf, n) for leaf, n in counts.items() if n > 0)
-    return merged[0] if len(merged) == 1 else ComposedEvent(merged)
-
-
-def merge_events(events: Iterable[DpEvent]) -> DpEvent:
-    """One event equivalent to running ``events`` in sequence, with identical leaf events
-    merged (``count_leaves``), rebuilt as SelfComposed(leaf, total count) in first-seen
-    order. R rounds of dpsgd_event(σ, q, s) become dpsgd_event(σ, q, R·s)."""
-    return merged_event(count_leaves(events))
 
 
 @functools.lru_cache(maxsize=EPSILON_MEMO_SIZE)
@@ -119,18 +70,6 @@ def _as_tuple(events: Events) -> tuple[DpEvent, ...]:
     for e in items:
         event_to_dict(e)  # raises EventError for anything that is not an event
     return items
-
-
-def _check_client(client: Any) -> None:
-    if not isinstance(client, str):
-        raise TypeError(f"client id must be a str, got {client!r}")
-
-
-def _check_entry(entry: Any) -> None:
-    if not isinstance(entry, str):
-        raise TypeError(f"entry key must be a str, got {entry!r}")
-    if not entry:
-        raise ValueError("entry key must be a non-empty str")
 
 
 def _check_budget(budget: Any) -> None:
@@ -243,8 +182,8 @@ class PrivacyLedger:
         it was recorded with different events and ``BudgetExceededError`` if the events
         would exceed ``budget`` (default: ``budget_for(client)``; ε at its δ) — in both
         cases the ledger is unchanged."""
-        _check_client(client)
-        _check_entry(entry)
+        check_client(client)
+        check_entry(entry)
         limit = self.budget_for(client) if budget is None else budget
         _check_budget(limit)
         new = _as_tuple(events)
@@ -310,7 +249,7 @@ class PrivacyLedger:
         entries = self._entries[client]
         done, text = self._texts.get(client, (0, f"  {json.dumps(client)}: [\n"))
         if done < len(entries):
-            new = ",\n".join(_entry_text(key, events) for key, events in itertools.islice(entries.items(), done, None))
+            new = ",\n".join(entry_text(key, events) for key, events in itertools.islice(entries.items(), done, None))
             text = f"{text},\n{new}" if done else text + new
             self._texts[client] = (len(entries), text)
         return text
@@ -320,39 +259,11 @@ class PrivacyLedger:
         """Inverse of ``to_dict``; also reads version 1 (``{"round": r, ...}`` entries
         become entry key ``str(r)``, in round order). Raises ``LedgerError`` naming what is
         wrong."""
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise LedgerError("not a fedpriv privacy ledger (missing or wrong 'schema')")
-        version = data.get("version")
-        if type(version) is not int or version not in (1, SCHEMA_VERSION):
-            raise LedgerError(f"unsupported ledger version {version!r} (expected 1 or {SCHEMA_VERSION})")
-        try:
-            ledger = cls(
-                Budget(**data["budget"]),
-                data["accountant"],
-                {c: Budget(**b) for c, b in data.get("client_budgets", {}).items()},
-            )
-            ledger_id = data.get("ledger_id")
-            if ledger_id is not None and not (isinstance(ledger_id, str) and ledger_id):
-                raise ValueError(f"ledger_id must be a non-empty string, got {ledger_id!r}")
-            ledger.ledger_id = ledger_id
-            randomness = data.get("randomness")
-            if randomness is not None and randomness not in ("secure", "seeded"):
-                raise ValueError(f"randomness must be 'secure' or 'seeded', got {randomness!r}")
-            ledger.randomness = randomness
-            for client, items in data["clients"].items():
-                _check_client(client)
-                keyed = [_read_entry(item, version) for item in items]
-                if version == 1:
-                    keyed.sort(key=lambda pair: int(pair[0]))
-                entries: dict[str, tuple[DpEvent, ...]] = {}
-                for key, events in keyed:
-                    if key in entries:
-                        raise ValueError(f"client {client!r} has entry {key!r} twice")
-                    entries[key] = events
-                if entries:
-                    ledger._entries[client] = entries
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise LedgerError(f"corrupt ledger: {err}") from err
+        contents = read_ledger(data)
+        ledger = cls(contents.budget, contents.accountant, contents.client_budgets)
+        ledger.ledger_id = contents.ledger_id
+        ledger.randomness = contents.randomness
+        ledger._entries = contents.entries
         return ledger
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -382,30 +293,3 @@ class PrivacyLedger:
         return isinstance(other, PrivacyLedger) and self.to_dict() == other.to_dict()
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _read_entry(item: Any, version: int) -> tuple[str, tuple[DpEvent, ...]]:
-    if not isinstance(item, dict):
-        raise TypeError(f"an entry must be an object, got {item!r}")
-    if version == 1:
-        r = item["round"]
-        if type(r) is not int or r < 0:
-            raise ValueError(f"round must be an integer >= 0, got {r!r}")
-        key = str(r)
-    else:
-        key = item["entry"]
-        _check_entry(key)
-    events = item["events"]
-    if not isinstance(events, list):
-        raise TypeError(f"events of entry {key!r} must be a list, got {events!r}")
-    return key, tuple(event_from_dict(e) for e in events)
-
-
-_ENTRY_INDENT = "   "  # an entry's depth in the file: the ledger, "clients", the client's list
-
-
-def _entry_text(key: str, events: tuple[DpEvent, ...]) -> str:
-    """One entry as ``json.dumps(ledger, indent=1)`` writes it at its depth (JSON strings
-    hold no raw newline, so every newline is the layout's)."""
-    text = json.dumps({"entry": key, "events": [event_to_dict(e) for e in events]}, indent=1)
-    return _ENTRY_INDENT + text.replace("\n", "\n" + _ENTRY_INDENT)

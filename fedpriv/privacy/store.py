@@ -57,7 +57,9 @@ from pathlib import Path
 
 from fedpriv.files import write_bytes_atomic
 from fedpriv.privacy.accountants import AccountantKind
-from fedpriv.privacy.ledger import Budget, LedgerError, PrivacyLedger
+from fedpriv.privacy.budget import Budget
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.privacy.ledger_json import LedgerError
 
 log = logging.getLogger(__name__)
 _held = threading.local()  # lock files this thread holds a transaction on

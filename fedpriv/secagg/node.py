@@ -46,6 +46,11 @@ The masked vector is (x + PRG(b) + Σ_v ±PRG(s_uv)) mod 2^bits with b = os.uran
 each round and s_uv from ECDH on the first key pair and the settings digest; shares of b and
 of sk1 go to every group member, encrypted under ECDH on the second key pair (Fernet). PRG is
 ChaCha20 (``prg``).
+
+Why one module of about 460 lines: it is one state machine whose checks the list above
+argues for together (each stage's check relies on what the earlier stages stored and
+erased); the reusable parts are already apart (``graph``, ``keys``, ``prg``, ``identity``,
+``stages``), and splitting the stages would spread one security argument over files.
 """
 
 from __future__ import annotations

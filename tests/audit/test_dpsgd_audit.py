@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedpriv.audit.canaries import CanaryModel, with_canaries
-from fedpriv.audit.dpsgd import CanaryAudit, audit_dpsgd
+from fedpriv.audit.canary_audit import CanaryAudit
+from fedpriv.audit.dpsgd import audit_dpsgd
 from fedpriv.dpsgd import DPSGDConfig, train_dpsgd
 from fedpriv.models import build_model
 from fedpriv.seeding import generator

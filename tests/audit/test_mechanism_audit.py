@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpriv.audit import mechanisms
-from fedpriv.audit.mechanisms import CASES, audit_mechanism
+from fedpriv.audit import mechanism_cases
+from fedpriv.audit.mechanism_cases import CASES
+from fedpriv.audit.mechanisms import audit_mechanism
 from simulations.audit import MECHANISMS
 
 TRIALS = 1000
@@ -40,7 +41,7 @@ def test_half_noise_laplace_is_flagged_at_small_n():
 @pytest.mark.parametrize("name", ["count", "evaluation"])
 def test_node_releases_are_audited_on_their_own_copies(name, monkeypatch, tmp_path):
     folders = []
-    real = mechanisms._on_own_copy
+    real = mechanism_cases._on_own_copy
 
     def spy(release):
         def recorded(folder: Path):
@@ -48,7 +49,7 @@ def test_node_releases_are_audited_on_their_own_copies(name, monkeypatch, tmp_pa
             return release(folder)
         return real(recorded)
 
-    monkeypatch.setattr(mechanisms, "_on_own_copy", spy)
+    monkeypatch.setattr(mechanism_cases, "_on_own_copy", spy)
     audit_mechanism(name, 1.0, trials=20)
     assert folders and all(not f.exists() for f in folders)  # temporary, removed, and checked empty before
 

@@ -10,7 +10,8 @@ import sys
 import dp_accounting
 import pytest
 
-from fedpriv.audit.dpsgd import CanaryAudit, NotAvailableError, audit_dpsgd
+from fedpriv.audit.canary_audit import CanaryAudit, NotAvailableError
+from fedpriv.audit.dpsgd import audit_dpsgd
 from tests.timeouts import scaled
 
 

@@ -17,8 +17,9 @@ import pytest
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.events import to_dp_accounting
 from simulations._federated import PROJECT_ROOT
+from simulations._netns import NamespaceNetwork, Network, check_netns
+from simulations._orchestrator import Deployment, freeze_app
 from simulations._processes import Processes, base_env
-from simulations.deployment import Deployment, NamespaceNetwork, Network, check_netns, freeze_app
 from tests.flower.inprocess import booked
 from tests.processes import describe, leftovers
 from tests.timeouts import scaled, wait_for

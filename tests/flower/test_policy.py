@@ -59,7 +59,7 @@ def test_the_run_tightens_and_never_loosens(tmp_path):
 
 def test_simulated_and_deployed_nodes_get_the_commands_data_dir_in_their_policy(tmp_path, monkeypatch):
     from simulations._federated import simulated_node_policy
-    from simulations.deployment import NodeFiles, node_policy
+    from simulations._orchestrator import NodeFiles, node_policy
 
     tmp_path = tmp_path.resolve()
     monkeypatch.chdir(tmp_path)

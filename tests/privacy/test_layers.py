@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import fedpriv.privacy
+from tests.timeouts import scaled
 
 PACKAGE = Path(fedpriv.privacy.__file__).parent
 ALLOWED = ("fedpriv.privacy", "fedpriv.files")
@@ -46,5 +47,6 @@ def test_importing_every_accounting_module_loads_nothing_above_it():
     code = (f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
             "print(sorted(m for m in sys.modules if m.startswith(('fedpriv.', 'clients', 'server', 'simulations'))"
             " and not m.startswith(('fedpriv.privacy', 'fedpriv.files')) and m != 'fedpriv'))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120),
+                          check=True)
     assert done.stdout.strip() == "[]"

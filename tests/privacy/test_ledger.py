@@ -19,7 +19,8 @@ from fedpriv.privacy import (
     epsilon_of,
     event_to_dict,
 )
-from fedpriv.privacy.ledger import SCHEMA_VERSION, merge_events
+from fedpriv.privacy.ledger_json import SCHEMA_VERSION
+from fedpriv.privacy.merge import merge_events
 
 
 def test_entries_merge_bit_for_bit():
