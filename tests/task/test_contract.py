@@ -130,3 +130,15 @@ def test_the_model_is_seeded_and_leaves_the_callers_random_state(write_app):
 def test_a_run_config_cannot_make_a_node_import_an_installed_module(name):
     with pytest.raises(TaskError, match="does not import: ImportError: .* not a module of the app"):
         load_task(name)
+
+
+@pytest.mark.parametrize("key", ["limit-train", "limit-test"])
+def test_a_run_config_limiting_a_tasks_data_is_refused_by_every_party(key):
+    """The apps (server and nodes, also under flwr run) parse the run config with RunSettings:
+    a limit on a task's data, which its load_data chooses, is refused, not ignored."""
+    from fedpriv.federation.settings import RunSettings, SettingsError
+
+    RunSettings.from_run_config({key: 100})  # the built-in data sets: the first 100 records
+    with pytest.raises(SettingsError, match=f"^{key}: a user's task chooses its own data"):
+        RunSettings.from_run_config({"task": "task", key: 100})
+    assert RunSettings.from_run_config({"task": "task", key: 0}).task == "task"  # 0: unset (pyproject's default)
