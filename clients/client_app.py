@@ -1,10 +1,11 @@
 """fedpriv's Flower ClientApp: local DP-SGD under the node's own policy and durable ledger.
 
-Thin by design: each handler delegates to ``clients.task``. A message the node will not
-answer (no policy, over budget, already answered, malformed) gets an ``Error`` reply with
-``REFUSAL_CODE`` and the reason, and nothing is computed or released. Any other failure
-(after booking, or unexpected) gets ``FAILURE_CODE`` and a fixed reason; its details stay
-in the node's log.
+Thin by design: each handler delegates to a release kind (``clients.release``): ``clients.task``
+(local DP-SGD), ``clients.evaluation``, ``clients.distributed``, ``clients.userlevel`` and
+``clients.userlevel_distributed``. A message the node will not answer (no policy, over
+budget, already answered, malformed) gets an ``Error`` reply with ``REFUSAL_CODE`` and the
+reason, and nothing is computed or released. Any other failure (after booking, or
+unexpected) gets ``FAILURE_CODE`` and a fixed reason; its details stay in the node's log.
 """
 
 import logging
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import distributed, task, userlevel, userlevel_distributed
+from clients import distributed, evaluation, task, userlevel, userlevel_distributed
 from clients.failures import ReleaseFailed
 from clients.releases import Refusal
 from clients.secure_sum import is_secure_sum
@@ -74,4 +75,4 @@ def _train(msg: Message, context: Context) -> RecordDict:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """A noisy, booked evaluation where the node's policy allows it; else a refusal."""
-    return answer(task.evaluate, msg, context)
+    return answer(evaluation.evaluate, msg, context)

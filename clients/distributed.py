@@ -29,23 +29,22 @@ without any of these it refuses the round (``docs/threat-model.md``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from clients.delta import check_delta
-from clients.failures import after_booking
-from clients.releases import book, stored_size
-from clients.secure_sum import Contribute, answer_stage
-from clients.task import client_id, loss_function, node_data, received_model, training_seed
+from clients.release import Booked, ReleaseKind
+from clients.secure_sum import Contribute, ContributionKind, answer_stage, contribution
+from clients.task import OfRound, loss_function, node_data, read_node_round, received_model, training_seed
 from fedpriv.distributed.contribution import distributed_contribution
 from fedpriv.distributed.lattice import Lattice, Rounding
 from fedpriv.distributed.rounding import MAX_BOUND
+from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
 from fedpriv.federation.policy import NodePolicy, Randomness, SecAggTrust
-from fedpriv.federation.settings import RunSettings
 from fedpriv.node import checked_policy
 from fedpriv.privacy import distributed_dpsgd_event
 from fedpriv.privacy.charge import Charge
@@ -141,35 +140,55 @@ def record_encoding(config: Any, plan: TrainingPlan, dimension: int,
     return q, lattice, encoding_settings(stage, lattice, "record", plan=protocol.plan_config(plan), sample_rate=q)
 
 
-def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
-    """Book the round in the node's ledger, then compute its vector (``None`` never: a
-    failure after booking leaves as a fixed text)."""
-    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
-    cid = client_id(context.node_config)
-    config = msg.content.config_records[protocol.CONFIG]
-    plan = protocol.read_plan(config)
-    run_key, server_round = protocol.read_round(config)
-    model = received_model(msg, plan.model, settings)
-    loss_fn = loss_function(settings)
-    q, lattice, bound = record_encoding(config, plan, sum(p.numel() for p in model.parameters()), stage)
-    num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
-    budget = policy.effective_budget(settings)
-    check_delta(budget.delta, num_examples)
-    shares = policy.honest_shares
+@dataclass(frozen=True)
+class Contribution(OfRound):
+    """A distributed DP-SGD step as parsed: the plan, the received model, q and the lattice,
+    and the settings the vector is computed under."""
+
+    plan: TrainingPlan
+    model: torch.nn.Module
+    loss_fn: LossFn
+    sample_rate: float
+    lattice: Lattice
+    settings: dict[str, Any]
+
+
+def parse_contribution(msg: Message, context: Context, stage: StageInfo) -> tuple[Contribution, Charge]:
+    """The round's plan and encoding, checked against the secure sum, and its charge:
+    ``distributed_dpsgd_event`` of a share sized for the policy's honest survivors."""
+    node = read_node_round(msg, context)
+    plan = protocol.read_plan(node.config)
+    model = received_model(msg, plan.model, node.settings)
+    q, lattice, bound = record_encoding(node.config, plan, sum(p.numel() for p in model.parameters()), stage)
+    shares = node.policy.honest_shares
     share_stddev = lattice.noise_stddev(plan.noise_multiplier, shares)
-    charge = Charge(protocol.train_entry(run_key, server_round),
+    charge = Charge(protocol.train_entry(node.run_key, node.server_round),
                     (distributed_dpsgd_event(share_stddev, shares, lattice.sensitivity, lattice.dimension, q, 1),))
-    ordinal = book(policy, cid, charge, budget)
-    with after_booking(charge.entry):
-        data = node_data(settings, context, policy, model=plan.model)
-        sampling, rounding, noise = round_generators(policy, context, ordinal, int(cid), server_round)
-        contribution = distributed_contribution(
-            model, data.features, data.labels, sample_rate=q, lattice=lattice,
-            noise_multiplier=plan.noise_multiplier, honest_shares=shares,
-            secure=policy.randomness is Randomness.SECURE, sampling_generator=sampling, rounding_generator=rounding,
-            noise_generator=noise, loss_fn=loss_fn,
-        )
-    return Vector(contribution.vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    return Contribution(node, plan, model, loss_function(node.settings), q, lattice, bound), charge
+
+
+def compute_contribution(request: Contribution, booked: Booked) -> Vector:
+    """The node's vector: its lot's clipped gradients on the lattice, summed, plus its share."""
+    node, policy = request.node, request.node.policy
+    data = node_data(node.settings, node.context, policy, model=request.plan.model)
+    sampling, rounding, noise = round_generators(policy, node.context, booked.ordinal, int(request.account.client),
+                                                 node.server_round)
+    contribution = distributed_contribution(
+        request.model, data.features, data.labels, sample_rate=request.sample_rate, lattice=request.lattice,
+        noise_multiplier=request.plan.noise_multiplier, honest_shares=policy.honest_shares,
+        secure=policy.randomness is Randomness.SECURE, sampling_generator=sampling, rounding_generator=rounding,
+        noise_generator=noise, loss_fn=request.loss_fn,
+    )
+    return Vector(contribution.vector, request.settings)
+
+
+CONTRIBUTION: ContributionKind = ReleaseKind(parse_contribution, compute_contribution)
+
+
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
+    """Book the round in the node's ledger, then compute its vector (a failure after booking
+    leaves as a fixed text)."""
+    return contribution(CONTRIBUTION, msg, context, stage)
 
 
 def round_generators(policy: NodePolicy, context: Context, ordinal: int, client: int, server_round: int,

@@ -2,16 +2,20 @@
 messages: the stage's config is the message's ``fedpriv.secagg`` ConfigRecord, the node's
 protocol state is kept in ``context.state`` (saved even when the node refuses, so a refused
 or repeated stage never gets a second answer), and at the collect stage ``contribute`` gives
-the vector once every check has passed: it books the node's ledger and computes the vector
-there, before anything leaves the node.
+the vector once every check has passed: a release kind (``clients.release``) whose parse
+checks the message against the stage, then books the node's ledger, and whose compute makes
+the vector, before anything leaves the node (``contribution``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from clients.release import ReleaseKind, release
+from fedpriv.federation import protocol
 from fedpriv.secagg import RECORD_KEY, NodeState, Requirements, StageInfo, Vector, answer
 
 STATE_KEY = "fedpriv.secagg.state"
@@ -19,6 +23,17 @@ STATE_KEY = "fedpriv.secagg.state"
 Contribute = Callable[[Message, Context, StageInfo], tuple[Vector, RecordDict]]
 """(message, context, what the node saw) → (its vector of Z_{2^bits}, length d, with the
 settings it was computed under; what else its reply carries)."""
+
+
+ContributionKind = ReleaseKind[[Message, Context, StageInfo], Any, Vector]
+"""A release kind whose content is a secure sum's vector: ``parse(msg, context, stage)``."""
+
+
+def contribution(kind: ContributionKind, msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
+    """``kind``'s vector through the node's one release path (checked, booked, computed) and
+    the reply's charge record: a ``Contribute``."""
+    vector, charge = release(kind, msg, context, stage)
+    return vector, RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
 
 
 def is_secure_sum(msg: Message) -> bool:

@@ -20,29 +20,28 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.delta import check_delta
-from clients.failures import after_booking
-from clients.releases import Refusal, book, missing_data, released_size, stored_size
+from clients.release import Account, Booked, ReleaseKind, account, reply
+from clients.releases import Refusal, missing_data, released_size, stored_size
 from fedpriv.data import IMAGE_SHAPES, DatasetNotFoundError, TensorPair, default_data_dir, load_dataset
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.federation import protocol
 from fedpriv.federation.partition import Split
 from fedpriv.federation.policy import NodePolicy, Randomness
-from fedpriv.federation.releases import noisy_evaluation
 from fedpriv.federation.settings import RunSettings
 from fedpriv.models import input_shape, model_inputs
 from fedpriv.node import checked_policy
 from fedpriv.privacy.charge import Charge
 from fedpriv.seeding import seeded_training_seed
 from fedpriv.task import Task, TaskError, check_model_fits, load_task, run_model
-from fedpriv.training import default_device, round_spend, train_round
+from fedpriv.training import TrainingPlan, default_device, round_spend, train_round
 
 
 @functools.lru_cache(maxsize=4)
@@ -168,34 +167,86 @@ def received_model(msg: Message, name: str, settings: RunSettings) -> torch.nn.M
     return model
 
 
-def train(msg: Message, context: Context) -> RecordDict:
-    """Book the round, then run local DP-SGD on the received model and return it."""
+@dataclass(frozen=True)
+class NodeRound:
+    """What every release of a round reads and checks before it books: the node's account
+    (δ checked against the N it released), the run's settings, the round's config and keys."""
+
+    account: Account
+    settings: RunSettings
+    context: Context
+    config: ConfigRecord
+    run_key: str
+    server_round: int
+    num_examples: int
+    """The N the node released for its training partition (public, or its DP count)."""
+
+    @property
+    def policy(self) -> NodePolicy:
+        return self.account.policy
+
+
+def read_node_round(msg: Message, context: Context) -> NodeRound:
+    """The round of ``msg`` under the node's policy: ``Refusal`` or ``ProtocolError`` before
+    anything is booked (no released N for this partition, δ too large for it, a malformed key)."""
     policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
-    cid = client_id(context.node_config)
     config = msg.content.config_records[protocol.CONFIG]
-    plan = protocol.read_plan(config)
     run_key, server_round = protocol.read_round(config)
     num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
-    budget = policy.effective_budget(settings)
-    check_delta(budget.delta, num_examples)
-    charge = Charge(protocol.train_entry(run_key, server_round), plan.round_events(num_examples))
-    charge.require_same(round_spend(plan, num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
-    model = received_model(msg, plan.model, settings)  # checked before anything is booked
-    loss_fn = loss_function(settings)
-    ordinal = book(policy, cid, charge, budget)
-    with after_booking(charge.entry):
-        data = node_data(settings, context, policy, model=plan.model)  # the model's inputs
-        report = train_round(
-            model, data.features, data.labels, plan, seed=training_seed(policy, context.run_id, ordinal),
-            client=int(cid), round_=server_round, device=default_device(),
-            secure=policy.randomness is Randomness.SECURE, num_examples=num_examples, fit_physical_batch=True,
-            loss_fn=loss_fn,
-        )
-        charge.require_same(report.events, "this training")  # a bug, not input: nothing is sent
-    return RecordDict({
-        protocol.ARRAYS: ArrayRecord(model.cpu().state_dict()),
-        protocol.PRIVACY: protocol.charge_record(charge),
-    })
+    where = account(policy, client_id(context.node_config), policy.effective_budget(settings), num_examples)
+    return NodeRound(where, settings, context, config, run_key, server_round, num_examples)
+
+
+@dataclass(frozen=True)
+class OfRound:
+    """A request of one round (its ``node``), booked to the round's account."""
+
+    node: NodeRound
+
+    @property
+    def account(self) -> Account:
+        return self.node.account
+
+
+@dataclass(frozen=True)
+class Training(OfRound):
+    """A local DP-SGD round as parsed: the plan, the received model, the task's loss."""
+
+    plan: TrainingPlan
+    model: torch.nn.Module
+    loss_fn: LossFn
+
+
+def parse_training(msg: Message, context: Context) -> tuple[Training, Charge]:
+    """The plan's round at the released N, charged as the DP-SGD engine spends it, and the
+    received model checked against the run's architecture."""
+    node = read_node_round(msg, context)
+    plan = protocol.read_plan(node.config)
+    charge = Charge(protocol.train_entry(node.run_key, node.server_round), plan.round_events(node.num_examples))
+    charge.require_same(round_spend(plan, node.num_examples), "the DP-SGD engine")  # explicit: python -O keeps it
+    return Training(node, plan, received_model(msg, plan.model, node.settings), loss_function(node.settings)), charge
+
+
+def compute_training(request: Training, booked: Booked) -> RecordDict:
+    """Run local DP-SGD on the received model; the trained model."""
+    node, policy, model = request.node, request.node.policy, request.model
+    data = node_data(node.settings, node.context, policy, model=request.plan.model)  # the model's inputs
+    report = train_round(
+        model, data.features, data.labels, request.plan,
+        seed=training_seed(policy, node.context.run_id, booked.ordinal), client=int(request.account.client),
+        round_=node.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
+        num_examples=node.num_examples, fit_physical_batch=True, loss_fn=request.loss_fn,
+    )
+    booked.charge.require_same(report.events, "this training")  # a bug, not input: nothing is sent
+    return RecordDict({protocol.ARRAYS: ArrayRecord(model.cpu().state_dict())})
+
+
+TRAINING = ReleaseKind(parse_training, compute_training)
+
+
+def train(msg: Message, context: Context) -> RecordDict:
+    """Book the round, then run local DP-SGD on the received model and return it."""
+    return reply(TRAINING, msg, context)
 
 
 def node_data(settings: RunSettings, context: Context, policy: NodePolicy, train: bool = True,
@@ -211,28 +262,3 @@ def training_seed(policy: NodePolicy, run_id: int, ordinal: int) -> int:
     if policy.randomness is Randomness.SECURE:
         return 0
     return seeded_training_seed(policy.seed or 0, run_id, ordinal)
-
-
-def evaluate(msg: Message, context: Context) -> RecordDict:
-    """A noisy, booked evaluation of the received model on this node's test partition,
-    where the node's policy allows it (and δ fits the N it released for its training partition)."""
-    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
-    if not policy.allow_evaluate:
-        raise protocol.ProtocolError("this node's policy does not allow evaluation (allow-evaluate = false)")
-    if settings.task is not None and node_task(settings.task).loss is not F.cross_entropy:
-        raise protocol.ProtocolError("this node's noisy evaluation counts cross-entropy and argmax: the task "
-                                     "has its own loss (evaluate on the server instead)")
-    cid = client_id(context.node_config)
-    config = msg.content.config_records[protocol.CONFIG]
-    run_key, server_round = protocol.read_round(config)
-    charge = Charge(protocol.evaluate_entry(run_key, server_round), (policy.evaluate_event(),))
-    model_name = str(config[protocol.MODEL])
-    model = received_model(msg, model_name, settings)
-    data = node_data(settings, context, policy, train=False, model=model_name)  # Refusal first
-    budget = policy.effective_budget(settings)
-    released = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
-    check_delta(budget.delta, released)
-    ordinal = book(policy, cid, charge, budget)
-    with after_booking(charge.entry):
-        metrics = noisy_evaluation(model, data.features, data.labels, policy, context.run_id, ordinal)
-    return RecordDict({protocol.METRICS: MetricRecord(dict(metrics)), protocol.PRIVACY: protocol.charge_record(charge)})

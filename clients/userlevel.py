@@ -19,70 +19,53 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.delta import check_delta
-from clients.failures import after_booking
-from clients.releases import book, stored_size
-from clients.task import client_id, loss_function, node_data, received_model, training_seed
+from clients.release import Account, Booked, ReleaseKind, reply
+from clients.task import OfRound, loss_function, node_data, read_node_round, received_model, training_seed
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.policy import NodePolicy, Randomness
-from fedpriv.federation.settings import RunSettings
 from fedpriv.federation.userlevel_steps import clipped_delta, sent_delta
 from fedpriv.node import checked_policy
-from fedpriv.privacy import Budget
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.userlevel import count_participant_event, participant_event
 from fedpriv.training import TrainingPlan, default_device, train_round
 
 
 @dataclass(frozen=True)
-class UserRound:
+class UserRound(OfRound):
     """A user-level TRAIN as the node read and checked it, before anything is booked."""
 
-    policy: NodePolicy
-    settings: RunSettings
-    client: str
     plan: TrainingPlan
     clip: float
     noise_multiplier: float
-    run_key: str
-    server_round: int
-    num_examples: int
-    budget: Budget
     model: torch.nn.Module
     before: dict[str, torch.Tensor]
 
     @property
     def entry(self) -> str:
-        return protocol.train_entry(self.run_key, self.server_round)
+        return protocol.train_entry(self.node.run_key, self.node.server_round)
 
 
 def read_user_round(msg: Message, context: Context) -> UserRound:
-    """The round's plan (without per-example clipping or noise), S, z, the node's budget and
-    the received model, every check that needs no booking done (δ against N included)."""
-    policy, settings = checked_policy(context.node_config), RunSettings.from_run_config(context.run_config)
-    config = msg.content.config_records[protocol.CONFIG]
-    plan = protocol.read_plan(config).non_private()
-    clip, noise_multiplier = userlevel.read_user_round(config)
-    run_key, server_round = protocol.read_round(config)
-    num_examples = stored_size(policy, settings, context.node_config, len(node_data(settings, context, policy).labels))
-    budget = policy.effective_budget(settings)
-    check_delta(budget.delta, num_examples)
-    model = received_model(msg, plan.model, settings)  # checked before anything is booked
+    """The round's plan (without per-example clipping or noise), S, z and the received model,
+    every check that needs no booking done (δ against N included)."""
+    node = read_node_round(msg, context)
+    plan = protocol.read_plan(node.config).non_private()
+    clip, noise_multiplier = userlevel.read_user_round(node.config)
+    model = received_model(msg, plan.model, node.settings)  # checked before anything is booked
     before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    return UserRound(policy, settings, client_id(context.node_config), plan, clip, noise_multiplier, run_key,
-                     server_round, num_examples, budget, model, before)
+    return UserRound(node, plan, clip, noise_multiplier, model, before)
 
 
-def trained_delta(request: UserRound, context: Context, ordinal: int) -> tuple[dict[str, np.ndarray], int]:
+def trained_delta(request: UserRound, ordinal: int) -> tuple[dict[str, np.ndarray], int]:
     """Train the received model with the plain local plan (after booking: ``ordinal`` is
     the booking's), and return its delta clipped to S and the bit (``userlevel_steps.clipped_delta``)."""
-    policy = request.policy
-    data = node_data(request.settings, context, policy, model=request.plan.model)
+    node, policy = request.node, request.node.policy
+    data = node_data(node.settings, node.context, policy, model=request.plan.model)
     train_round(
         request.model, data.features, data.labels, request.plan,
-        seed=training_seed(policy, context.run_id, ordinal), client=int(request.client),
-        round_=request.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
-        num_examples=request.num_examples, fit_physical_batch=True, loss_fn=loss_function(request.settings),
+        seed=training_seed(policy, node.context.run_id, ordinal), client=int(request.account.client),
+        round_=node.server_round, device=default_device(), secure=policy.randomness is Randomness.SECURE,
+        num_examples=node.num_examples, fit_physical_batch=True, loss_fn=loss_function(node.settings),
     )
     return clipped_delta(request.before, request.model.cpu().state_dict(), request.clip)
 
@@ -106,24 +89,42 @@ def check_noise_floor(policy: NodePolicy, noise_multiplier: float, count_noise: 
                                      f"min-user-noise-multiplier {floor:g}")
 
 
-def train(msg: Message, context: Context) -> RecordDict:
-    """Book the round, train on the received model, reply with the clipped delta and its bit
-    (the bit alone in a count-only round)."""
+@dataclass(frozen=True)
+class CentralRound:
+    """A central user-level round as parsed: the round, and σ_b where it is count-only."""
+
+    user: UserRound
+    count_noise: float | None
+
+    @property
+    def account(self) -> Account:
+        return self.user.account
+
+
+def parse_central(msg: Message, context: Context) -> tuple[CentralRound, Charge]:
+    """A round the node's policy allows (``allow-central-user``), with no less noise than its
+    floor, charged ``participant_event(z)`` (count-only: ``count_participant_event(σ_b)``)."""
     if not checked_policy(context.node_config).allow_central_user:
         raise protocol.ProtocolError("this node's policy does not send un-noised updates to a server that adds "
                                      "the noise (allow-central-user = false)")
-    request = read_user_round(msg, context)
-    count_noise = userlevel.read_count_only(msg.content.config_records[protocol.CONFIG])
-    check_noise_floor(request.policy, request.noise_multiplier, count_noise)
-    event = participant_event(request.noise_multiplier) if count_noise is None else \
-        count_participant_event(count_noise)
-    charge = Charge(request.entry, (event,))
-    ordinal = book(request.policy, request.client, charge, request.budget)
-    with after_booking(charge.entry):
-        deltas, under = trained_delta(request, context, ordinal)
-        released = {} if count_noise is not None else {protocol.ARRAYS: delta_record(deltas, request.before)}
-    return RecordDict({
-        **released,
-        protocol.PRIVACY: protocol.charge_record(charge),
-        userlevel.USER: MetricRecord({userlevel.UNDER_CLIP: under}),
-    })
+    user = read_user_round(msg, context)
+    count_noise = userlevel.read_count_only(user.node.config)
+    check_noise_floor(user.node.policy, user.noise_multiplier, count_noise)
+    event = participant_event(user.noise_multiplier) if count_noise is None else count_participant_event(count_noise)
+    return CentralRound(user, count_noise), Charge(user.entry, (event,))
+
+
+def compute_central(request: CentralRound, booked: Booked) -> RecordDict:
+    """Train, and send the clipped delta and its bit (the bit alone in a count-only round)."""
+    deltas, under = trained_delta(request.user, booked.ordinal)
+    released = {} if request.count_noise is not None else {protocol.ARRAYS: delta_record(deltas, request.user.before)}
+    return RecordDict({**released, userlevel.USER: MetricRecord({userlevel.UNDER_CLIP: under})})
+
+
+CENTRAL = ReleaseKind(parse_central, compute_central)
+
+
+def train(msg: Message, context: Context) -> RecordDict:
+    """Book the round, train on the received model, reply with the clipped delta and its bit
+    (the bit alone in a count-only round)."""
+    return reply(CENTRAL, msg, context)

@@ -28,15 +28,16 @@ n), booked ``distributed_count_participant_event``: the delta never leaves the n
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 
 from clients.distributed import encoding_settings, read_encoding, round_generators
-from clients.failures import after_booking
-from clients.releases import book
+from clients.release import Account, Booked, ReleaseKind
+from clients.secure_sum import ContributionKind, contribution
 from clients.userlevel import UserRound, read_user_round, trained_delta
 from fedpriv.distributed.contribution import noised_vector, rounded_sum
 from fedpriv.distributed.lattice import Lattice
@@ -53,57 +54,86 @@ from fedpriv.privacy.userlevel import (
 from fedpriv.secagg.node import StageInfo, Vector
 
 
-def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
-    """Book the round in the node's ledger, then train and compute its vector."""
-    request = read_user_round(msg, context)
-    config = msg.content.config_records[protocol.CONFIG]
-    count_only = userlevel.read_count_only(config)
-    if count_only is not None:
-        return contribute_count(request, config, context, stage, count_only)
-    count_noise = userlevel.read_count_noise(config)  # None: fixed clipping
-    lattice, bound = user_encoding(request, config, stage, count_noise)
-    multiplier = request.noise_multiplier if count_noise is None else \
-        delta_noise_multiplier(request.noise_multiplier, count_noise)
-    shares = request.policy.honest_shares
+@dataclass(frozen=True)
+class UserContribution:
+    """A distributed user-level round as parsed: the round, its lattice, the settings the
+    vector is computed under, the noise share's std and the bit's scale k (``None``: no bit)."""
+
+    user: UserRound
+    lattice: Lattice
+    settings: dict[str, Any]
+    share: float
+    bit_scale: float | None
+
+    @property
+    def account(self) -> Account:
+        return self.user.account
+
+
+def parse_delta(msg: Message, context: Context, stage: StageInfo) -> tuple[UserContribution, Charge]:
+    """The delta's encoding (and the bit's, with adaptive clipping), checked against the
+    secure sum, and its charge, ``distributed_participant_event``."""
+    user = read_user_round(msg, context)
+    count_noise = userlevel.read_count_noise(user.node.config)  # None: fixed clipping
+    dimension = sum(t.numel() for t in user.before.values())
+    lattice = read_encoding(user.node.config, user.clip, dimension + (count_noise is not None))
+    bound = encoding_settings(stage, lattice, "user", plan=protocol.plan_config(user.plan),
+                              noise_multiplier=user.noise_multiplier, count_noise=count_noise)
+    multiplier = user.noise_multiplier if count_noise is None else \
+        delta_noise_multiplier(user.noise_multiplier, count_noise)
+    shares = user.node.policy.honest_shares
     share = lattice.noise_stddev(multiplier, shares)
-    bit_scale = 0 if count_noise is None else count_scale(multiplier * lattice.clip, count_noise)
-    event = distributed_participant_event(share, shares, math.hypot(lattice.sensitivity, bit_scale), lattice.dimension)
-    charge = Charge(request.entry, (event,))
-    ordinal = book(request.policy, request.client, charge, request.budget)
-    with after_booking(charge.entry):
-        deltas, under = trained_delta(request, context, ordinal)
-        flat = torch.from_numpy(np.concatenate([d.ravel() for d in deltas.values()]))
-        _, rounding, noise = round_generators(request.policy, context, ordinal, int(request.client),
-                                              request.server_round)
-        total = rounded_sum(flat.unsqueeze(0), lattice, rounding).numpy()
-        if count_noise is not None:
-            total = np.append(total, (2 * under - 1) * bit_scale)
-        vector = noised_vector(total, lattice, share, noise)
-    return Vector(vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    bit_scale = None if count_noise is None else count_scale(multiplier * lattice.clip, count_noise)
+    event = distributed_participant_event(share, shares, math.hypot(lattice.sensitivity, bit_scale or 0),
+                                          lattice.dimension)
+    return UserContribution(user, lattice, bound, share, bit_scale), Charge(user.entry, (event,))
 
 
-def user_encoding(request: UserRound, config: ConfigRecord, stage: StageInfo,
-                  count_noise: float | None) -> tuple[Lattice, dict[str, Any]]:
-    """The round's lattice for the delta (and the bit's coordinate with adaptive clipping) and
-    the settings the vector is computed under, checked against the secure sum before booking."""
-    dimension = sum(t.numel() for t in request.before.values())
-    lattice = read_encoding(config, request.clip, dimension + (count_noise is not None))
-    return lattice, encoding_settings(stage, lattice, "user", plan=protocol.plan_config(request.plan),
-                                      noise_multiplier=request.noise_multiplier, count_noise=count_noise)
+def compute_delta(request: UserContribution, booked: Booked) -> Vector:
+    """Train, encode the clipped delta (and (2b − 1)·k) on the lattice, add the share."""
+    user = request.user
+    deltas, under = trained_delta(user, booked.ordinal)
+    flat = torch.from_numpy(np.concatenate([d.ravel() for d in deltas.values()]))
+    _, rounding, noise = _generators(user, booked)
+    total = rounded_sum(flat.unsqueeze(0), request.lattice, rounding).numpy()
+    if request.bit_scale is not None:
+        total = np.append(total, (2 * under - 1) * request.bit_scale)
+    return Vector(noised_vector(total, request.lattice, request.share, noise), request.settings)
 
 
-def contribute_count(request: UserRound, config: ConfigRecord, context: Context, stage: StageInfo,
-                     count_noise: float) -> tuple[Vector, RecordDict]:
-    """A count-only round: book the count's event, train, and send (2b − 1)·k plus a share."""
-    lattice = read_encoding(config, float(COUNT_ONLY_SCALE), 1)
-    bound = encoding_settings(stage, lattice, "user-count", plan=protocol.plan_config(request.plan),
+def parse_count(msg: Message, context: Context, stage: StageInfo) -> tuple[UserContribution, Charge]:
+    """A count-only round: the bit's one-coordinate lattice and ``distributed_count_participant_event``."""
+    user = read_user_round(msg, context)
+    count_noise = userlevel.read_count_only(user.node.config)
+    if count_noise is None:
+        raise protocol.ProtocolError("a count-only round names clip-count-noise")
+    lattice = read_encoding(user.node.config, float(COUNT_ONLY_SCALE), 1)
+    bound = encoding_settings(stage, lattice, "user-count", plan=protocol.plan_config(user.plan),
                               count_noise=count_noise)
-    shares = request.policy.honest_shares
-    charge = Charge(request.entry, (distributed_count_participant_event(count_noise, shares),))
-    ordinal = book(request.policy, request.client, charge, request.budget)
-    with after_booking(charge.entry):
-        _, under = trained_delta(request, context, ordinal)
-        _, _, noise = round_generators(request.policy, context, ordinal, int(request.client), request.server_round)
-        total = np.array([(2 * under - 1) * COUNT_ONLY_SCALE], dtype=np.int64)
-        vector = noised_vector(total, lattice, count_share_stddev(count_noise, shares), noise)
-    return Vector(vector, bound), RecordDict({protocol.PRIVACY: protocol.charge_record(charge)})
+    shares = user.node.policy.honest_shares
+    charge = Charge(user.entry, (distributed_count_participant_event(count_noise, shares),))
+    return UserContribution(user, lattice, bound, count_share_stddev(count_noise, shares), COUNT_ONLY_SCALE), charge
+
+
+def compute_count(request: UserContribution, booked: Booked) -> Vector:
+    """Train, and send (2b − 1)·k plus the share: the delta never leaves the node."""
+    _, under = trained_delta(request.user, booked.ordinal)
+    _, _, noise = _generators(request.user, booked)
+    total = np.array([(2 * under - 1) * COUNT_ONLY_SCALE], dtype=np.int64)
+    return Vector(noised_vector(total, request.lattice, request.share, noise), request.settings)
+
+
+def _generators(user: UserRound, booked: Booked) -> tuple[Any, Any, Any]:
+    node = user.node
+    return round_generators(node.policy, node.context, booked.ordinal, int(user.account.client), node.server_round)
+
+
+DELTA: ContributionKind = ReleaseKind(parse_delta, compute_delta)
+COUNT: ContributionKind = ReleaseKind(parse_count, compute_count)
+
+
+def contribute(msg: Message, context: Context, stage: StageInfo) -> tuple[Vector, RecordDict]:
+    """Book the round in the node's ledger, then train and compute its vector (count-only:
+    the bit's)."""
+    count_only = userlevel.read_count_only(msg.content.config_records[protocol.CONFIG]) is not None
+    return contribution(COUNT if count_only else DELTA, msg, context, stage)

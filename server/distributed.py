@@ -17,31 +17,27 @@ policy guarantees (``clients.distributed``); that one is the guarantee.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
+from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 from flwr.supercore import log
 
-from fedpriv.distributed.contribution import decode_sum
+from fedpriv.distributed.lattice import Lattice
 from fedpriv.distributed.setup import DistributedSetup, distributed_setup
-from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import ComposedEvent, DpEvent, GaussianEvent
-from fedpriv.secagg import SecureSumResult, graph
 from fedpriv.task import run_model
 from fedpriv.training import TrainingPlan
 from fedpriv.training.local import make_optimizer
 from server.assign import Assignment
-from server.history import History, RoundLog
-from server.ledger import ServerLedger
-from server.secure_sum import secure_sum
-from server.strategy import BudgetedFedAvg
+from server.booking import Sample
+from server.collect import SecureSum
+from server.mechanism import Booking, Collected, Round
 
 
 def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignment],
@@ -66,78 +62,78 @@ def setup(settings: RunSettings, plan: TrainingPlan, nodes: Mapping[int, Assignm
         secagg_neighbours=settings.secagg_neighbours)
 
 
-def record_survivors(round_log: RoundLog, result: SecureSumResult, cohort: Sequence[int],
-                     nodes: Mapping[int, Assignment]) -> None:
-    """The round's survivors, and why each other member of the ``cohort`` is not one."""
-    for node in cohort:
-        if node not in result.survivors:
-            round_log.failed[nodes[node].client_id] = result.dropped.get(node, "not among the survivors")
-    round_log.survivors = [nodes[n].client_id for n in result.survivors]
+EPOCH, OPTIMIZER = "epoch", "optimizer/"
+"""The keys of ``DistributedDpSgd.state`` in the checkpoint: the epoch, and each optimizer
+state tensor as ``optimizer/<parameter index>/<name>``."""
 
 
-class DistributedFedAvg(BudgetedFedAvg):
-    """Budget-aware sampling and booking (``BudgetedFedAvg``) of the nominal distributed
-    event; each round one secure sum and one optimizer step on the server's model."""
+def optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``optimizer``'s state dict with the per-parameter tensors of a checkpoint's ``state``."""
+    tensors: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        if key.startswith(OPTIMIZER):
+            index, name = key.removeprefix(OPTIMIZER).split("/", 1)
+            tensors.setdefault(int(index), {})[name] = torch.as_tensor(value)
+    return {**optimizer.state_dict(), "state": tensors}
 
-    def __init__(self, ledger: ServerLedger, nodes: Mapping[int, Assignment], history: History, run_key: str,
-                 distributed: DistributedSetup, model: torch.nn.Module, **kwargs: object) -> None:
-        self.distributed = distributed
-        super().__init__(ledger, nodes, history, run_key, **kwargs)  # type: ignore[arg-type]
-        self.model = model
+
+class DistributedDpSgd:
+    """The parts of a distributed round: a sample booked the nominal event, the secure sum
+    on the round's lattice, one optimizer step on the server's model."""
+
+    def __init__(self, setup: DistributedSetup, model: torch.nn.Module, fraction_train: float = 1.0,
+                 seed: int = 0, resumed: Mapping[str, Any] | None = None) -> None:
+        self.setup, self.model = setup, model
+        self.sample = Sample(fraction_train, seed, self.charge)
+        self.collector = SecureSum(self.round_lattice, setup.secagg_neighbours)
+        self._lattice = setup.lattice
         self._optimizer: torch.optim.Optimizer | None = None
         self._epoch = 0
+        self._resumed = dict(resumed or {})  # the optimizer state of the epoch a resumed run is in
 
-    def resolved(self) -> dict[str, object]:
-        """The distributed setup (``DistributedSetup.resolved``)."""
-        return self.distributed.resolved()
+    def charge(self, assignment: Assignment, entry: str) -> Charge:
+        """What a training round costs every client: the nominal distributed event."""
+        return Charge(entry, self.setup.events)
 
-    def _add(self, node: int, assignment: Assignment) -> None:
+    def assigned(self, assignment: Assignment) -> Assignment:
         """Every node runs the run's one distributed plan (its σ is the cohort's, not its own)."""
-        super()._add(node, dataclasses.replace(assignment, plan=self.distributed.plan))
+        return dataclasses.replace(assignment, plan=self.setup.plan)
 
-    def round_charge(self, assignment: Assignment, entry: str, evaluate: bool = False) -> Charge:
-        """Training rounds cost the nominal distributed event; evaluation as in local mode."""
-        return assignment.charge(entry, evaluate) if evaluate else Charge(entry, self.distributed.events)
+    def book(self, booking: Booking) -> list[int]:
+        return self.sample.book(booking)
 
-    def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
-        """Sample and book the cohort, securely sum its contributions, step; the new model
-        (the old one when the round is discarded: too few survivors)."""
-        self._round_start = time.perf_counter()
-        self._admit_new(grid, set(grid.get_node_ids()))
-        cohort = self._sample_and_book(server_round, grid, evaluate=False)
-        round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
-        entry = protocol.train_entry(self.run_key, server_round)
-        lattice = self.distributed.round_lattice([self.nodes[n].num_examples for n in cohort])  # late joiners too
-        config = ConfigRecord({**self.distributed.config(lattice), protocol.SERVER_ROUND: server_round,
-                               protocol.RUN_KEY: self.run_key})
-        neighbours = self.distributed.secagg_neighbours
-        result = secure_sum(
-            grid, cohort, dimension=lattice.dimension,
-            modulus_bits=lattice.modulus_bits, threshold=graph.threshold(len(cohort), neighbours),
-            neighbours=neighbours,
-            collect_content=lambda node: RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config}),
-            timeout=timeout, round_key=entry,
-        )
-        record_survivors(round_log, result, cohort, self.nodes)
-        ledger = self.ledger.snapshot()
-        round_log.epsilon = {a.client_id: ledger.spent(a.client_id) for a in self.nodes.values()}
-        round_log.train_seconds = time.perf_counter() - self._round_start
-        if result.sum is None:
-            round_log.discarded = f"secure aggregation gave no sum: {result.reason}; the previous model is kept"
-            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
-            return arrays
-        expected_lot = self.distributed.sample_rate * sum(self.nodes[n].weight for n in result.survivors)
+    def opened(self, rnd: Round) -> None:
+        """Fix the round's lattice: the modulus its cohort's sum cannot wrap (late joiners too)."""
+        self._lattice = self.setup.round_lattice([a.num_examples for a in rnd.cohort.values()])
+
+    def round_lattice(self, rnd: Round) -> Lattice:
+        return self._lattice
+
+    def train_config(self, rnd: Round, assignment: Assignment) -> dict[str, Any]:
+        """The run's plan, q and the round's lattice (the same for every node)."""
+        return self.setup.config(self._lattice)
+
+    def update(self, rnd: Round, collected: Collected) -> ArrayRecord | None:
+        """One step along the decoded sum / the public expected lot q·ΣN of the survivors."""
+        if collected.decoded is None:
+            rnd.log.discarded = f"{collected.reason}; the previous model is kept"
+            log(WARNING, "Round %d: %s", rnd.number, rnd.log.discarded)
+            return None
+        expected_lot = self.setup.sample_rate * sum(a.weight for a in collected.survivors)
         log(INFO, "Round %d: secure sum of %d of %d nodes; one step on an expected lot of %.1f",
-            server_round, len(result.survivors), len(cohort), expected_lot)
-        return self._step(server_round, arrays, decode_sum(result.sum, lattice) / expected_lot)
+            rnd.number, len(collected.survivors), len(rnd.cohort), expected_lot)
+        return self._step(rnd.number, rnd.arrays, collected.decoded / expected_lot)
 
     def _step(self, server_round: int, arrays: ArrayRecord, gradient: torch.Tensor) -> ArrayRecord:
         """One optimizer step of the global model along ``gradient`` (flat, in
         ``named_parameters`` order); a fresh optimizer each epoch, as the centralized run."""
         self.model.load_state_dict(arrays.to_torch_state_dict())
-        epoch = (server_round - 1) // self.distributed.steps_per_epoch + 1
+        epoch = (server_round - 1) // self.setup.steps_per_epoch + 1
         if self._optimizer is None or epoch != self._epoch:
-            self._optimizer, self._epoch = make_optimizer(self.model, self.distributed.plan, epoch), epoch
+            self._optimizer, self._epoch = make_optimizer(self.model, self.setup.plan, epoch), epoch
+            if self._resumed.pop(EPOCH, None) == epoch:  # the momentum of the epoch's earlier rounds
+                self._optimizer.load_state_dict(optimizer_state(self._optimizer, self._resumed))
+            self._resumed = {}
         offset = 0
         for param in self.model.parameters():
             size = param.numel()
@@ -145,3 +141,16 @@ class DistributedFedAvg(BudgetedFedAvg):
             offset += size
         self._optimizer.step()
         return ArrayRecord(self.model.state_dict())
+
+    def state(self) -> dict[str, Any]:
+        """The optimizer's state within the current epoch (its momentum: a run resumed mid-epoch
+        steps as the uninterrupted one); the sampling is drawn per round."""
+        if self._optimizer is None:
+            return {}
+        return {EPOCH: self._epoch, **{f"{OPTIMIZER}{index}/{name}": value.numpy(force=True).copy()
+                                       for index, values in self._optimizer.state_dict()["state"].items()
+                                       for name, value in values.items() if isinstance(value, torch.Tensor)}}
+
+    def resolved(self) -> dict[str, Any]:
+        """The distributed setup (``DistributedSetup.resolved``)."""
+        return self.setup.resolved()

@@ -12,7 +12,6 @@ booked under the same entries, so nothing is counted twice.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import secrets
 import time
@@ -23,30 +22,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedpriv.data import default_data_dir, load_dataset
-from fedpriv.federation import protocol
-from fedpriv.federation.settings import PrivacyMode, RunSettings, SettingsError, UserNoise
+from fedpriv.federation.settings import RunSettings, SettingsError
 from fedpriv.models import model_inputs, model_sha256
 from fedpriv.privacy import Budget, BudgetExceededError, LedgerError
 from fedpriv.privacy.events import DpEvent
 from fedpriv.task import evaluate_task, load_task, run_model
 from fedpriv.training import TrainingPlan, evaluate
-from server import distributed
 from server.assign import Assigner, Assignment
+from server.booking import BudgetExhausted
 from server.discovery import ClientInfo, describe_nodes, discover
-from server.distributed import DistributedFedAvg
-from server.exchange import send_and_receive
 from server.history import History, by_client, epsilon_summary
 from server.ledger import ServerLedger
+from server.modes import Start, mode
 from server.progress import Progress
 from server.state import Checkpoint, ServerState
-from server.strategy import BudgetedFedAvg, BudgetExhausted
-from server.userlevel import UserLevelFedAvg, training_settings
-from server.userlevel_distributed import DistributedUserLevelFedAvg
+from server.strategy import PrivateFedAvg
 
 LATE_NODE_TIMEOUT_S = 120.0
 """How long a round waits for nodes that connected since the last one to describe themselves."""
@@ -68,7 +63,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     discovered = discover(grid, min_nodes=settings.min_clients)
     discovery_seconds = time.perf_counter() - start
     book_releases(ledger, discovered.values())
-    assigner = Assigner(_assigned_settings(settings), discovered)
+    assigner = Assigner(mode(settings).assigned_settings(settings), discovered)
 
     def admit(g: Grid, node_ids: list[int]) -> dict[int, Assignment]:
         found = describe_nodes(g, node_ids, LATE_NODE_TIMEOUT_S)
@@ -122,37 +117,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> History:
     return history
 
 
-def _assigned_settings(settings: RunSettings) -> RunSettings:
-    """The settings each client's plan is assigned from: user level trains without per-example
-    noise (``server.userlevel.training_settings``); distributed calibrates σ once for the
-    cohort (``server.distributed.setup``), not per client."""
-    if settings.privacy is PrivacyMode.USER:
-        return training_settings(settings)
-    if settings.privacy is PrivacyMode.DISTRIBUTED:
-        return dataclasses.replace(settings, target_epsilon=None)
-    return settings
-
-
 def _strategy(settings: RunSettings, ledger: ServerLedger, nodes: dict[int, Assignment], history: History,
               run_key: str, plan: TrainingPlan, admit: Callable[[Grid, list[int]], dict[int, Assignment]],
               releases: Sequence[tuple[DpEvent, ...]] = (),
-              resumed: dict[str, Any] | None = None) -> BudgetedFedAvg:
-    """The run's strategy: budget-aware FedAvg of local DP-SGD updates; with ``privacy =
-    "user"``, user-level DP-FedAvg (its noise central, or the clients' with ``user-noise =
-    "distributed"``); with ``"distributed"``, one secure sum and one server step per round.
-    ``resumed``: the checkpoint's ``strategy`` state of a resumed run."""
-    options: dict[str, Any] = dict(fraction_train=settings.fraction_train, fraction_evaluate=settings.fraction_evaluate,
-                                   seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
-    if settings.privacy is PrivacyMode.USER and settings.user_noise is UserNoise.DISTRIBUTED:
-        dimension = sum(t.numel() for t in run_model(plan.model, settings.seed, settings.task).state_dict().values())
-        return DistributedUserLevelFedAvg(settings, ledger, nodes, history, run_key, dimension=dimension,
-                                          resumed=resumed, **options)
-    if settings.privacy is PrivacyMode.USER:  # central user-level DP-FedAvg
-        return UserLevelFedAvg(settings, ledger, nodes, history, run_key, resumed=resumed, **options)
-    if settings.privacy is PrivacyMode.DISTRIBUTED:
-        return DistributedFedAvg(ledger, nodes, history, run_key, distributed.setup(settings, plan, nodes, releases),
-                                 run_model(plan.model, settings.seed, settings.task), **options)
-    return BudgetedFedAvg(ledger, nodes, history, run_key, **options)
+              resumed: dict[str, Any] | None = None) -> PrivateFedAvg:
+    """The one round loop with the run's mode as its parts (``server.modes``). ``resumed``:
+    the checkpoint's ``strategy`` state of a resumed run."""
+    mechanism = mode(settings).mechanism(Start(settings, nodes, plan, releases, resumed))
+    return PrivateFedAvg(ledger, nodes, history, run_key, mechanism, fraction_evaluate=settings.fraction_evaluate,
+                         seed=settings.seed, admit=admit, accept_failures=settings.accept_failures)
 
 
 def _start(settings: RunSettings, state: ServerState | None,
@@ -176,19 +149,12 @@ def _start(settings: RunSettings, state: ServerState | None,
     return history, checkpoint.run_key, checkpoint.completed_round + 1, arrays, checkpoint.strategy
 
 
-def _round(grid: Grid, strategy: BudgetedFedAvg, server_round: int, arrays: ArrayRecord, model_name: str,
+def _round(grid: Grid, strategy: PrivateFedAvg, server_round: int, arrays: ArrayRecord, model_name: str,
            timeout: float) -> ArrayRecord:
     """One round of training (and federated evaluation where asked); the new global model.
     Replies later than ``timeout`` seconds are not waited for: that node failed the round."""
-    if isinstance(strategy, (DistributedFedAvg, DistributedUserLevelFedAvg)):
-        arrays = strategy.run_round(grid, server_round, arrays, timeout)
-    else:
-        replies = send_and_receive(grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid), timeout)
-        aggregated, _ = strategy.aggregate_train(server_round, replies)
-        arrays = arrays if aggregated is None else aggregated
-    messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord({protocol.MODEL: model_name}), grid)
-    if messages:
-        strategy.aggregate_evaluate(server_round, send_and_receive(grid, messages, timeout))
+    arrays = strategy.run_round(grid, server_round, arrays, timeout)
+    strategy.evaluate_round(grid, server_round, arrays, model_name, timeout)
     return arrays
 
 

@@ -4,14 +4,17 @@ latest run after every completed round, so that ``resume`` continues a killed ru
 ```
 state-dir/ledger.json        every client's spend as the server booked it, across runs
 state-dir/checkpoint.json    run key, last completed round, settings, history, the strategy's state
-state-dir/model-<key>-<r>.npz  the global model after that round
+state-dir/model-<key>-<r>.npz  the global model after that round, and the strategy state's arrays
 ```
-The model file is written first, then the checkpoint that names it (each atomically), then
-the previous model file is removed: a crash at any point leaves a consistent pair.
+The strategy's state is JSON but for its numpy arrays (an optimizer's momentum), which are kept
+beside the model, under ``STRATEGY_ARRAYS`` + their key. The model file is written first, then
+the checkpoint that names it (each atomically), then the previous model file is removed: a
+crash at any point leaves a consistent pair.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -25,6 +28,8 @@ from flwr.app import Array, ArrayRecord
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 
 CHECKPOINT = "checkpoint.json"
+STRATEGY_ARRAYS = "__strategy__/"
+"""The prefix of the strategy state's arrays in the model file (no model names a parameter so)."""
 
 
 class StateError(ValueError):
@@ -34,7 +39,7 @@ class StateError(ValueError):
 @dataclass(frozen=True)
 class Checkpoint:
     """A run after its last completed round; ``strategy``: what its strategy carries across
-    rounds beyond the model (``BudgetedFedAvg.state``: nothing in local mode)."""
+    rounds beyond the model (``server.mechanism.Mechanism.state``: nothing in local mode)."""
 
     run_key: str
     completed_round: int
@@ -58,10 +63,13 @@ class ServerState:
         previous = self._model_name()
         name = f"model-{checkpoint.run_key}-{checkpoint.completed_round}.npz"
         buffer = io.BytesIO()
-        named: dict[str, Any] = {key: array.numpy() for key, array in arrays.items()}
+        tensors = {key: value for key, value in checkpoint.strategy.items() if isinstance(value, np.ndarray)}
+        named: dict[str, Any] = {**{key: array.numpy() for key, array in arrays.items()},
+                                 **{STRATEGY_ARRAYS + key: value for key, value in tensors.items()}}
         np.savez(buffer, **named)
         write_bytes_atomic(self.folder / name, buffer.getvalue())
-        write_json_atomic(self.folder / CHECKPOINT, {**checkpoint.__dict__, "model": name})
+        strategy = {key: value for key, value in checkpoint.strategy.items() if key not in tensors}
+        write_json_atomic(self.folder / CHECKPOINT, {**checkpoint.__dict__, "strategy": strategy, "model": name})
         if previous and previous != name:
             (self.folder / previous).unlink(missing_ok=True)
 
@@ -71,8 +79,12 @@ class ServerState:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             with np.load(self.folder / data.pop("model")) as saved:
-                arrays = ArrayRecord({key: Array(saved[key]) for key in saved.files})
-            return Checkpoint(**data), arrays
+                arrays = ArrayRecord({key: Array(saved[key]) for key in saved.files
+                                      if not key.startswith(STRATEGY_ARRAYS)})
+                tensors = {key.removeprefix(STRATEGY_ARRAYS): saved[key] for key in saved.files
+                           if key.startswith(STRATEGY_ARRAYS)}
+            checkpoint = Checkpoint(**data)
+            return dataclasses.replace(checkpoint, strategy={**checkpoint.strategy, **tensors}), arrays
         except FileNotFoundError as err:
             raise StateError(f"nothing to resume in {self.folder}: {err.filename} is missing") from err
         except (OSError, KeyError, TypeError, ValueError) as err:

@@ -44,14 +44,12 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.supercore import log
 
 from fedpriv.federation import protocol, userlevel
 from fedpriv.federation.settings import RunSettings, ServerRandomness, SettingsError
 from fedpriv.federation.userlevel_steps import RoundNoise, noisy_step
-from fedpriv.privacy import BudgetExceededError, LedgerError
 from fedpriv.privacy.charge import Charge
 from fedpriv.privacy.events import DpEvent
 from fedpriv.privacy.userlevel import (
@@ -63,10 +61,13 @@ from fedpriv.privacy.userlevel import (
     participant_event,
     user_round_event,
 )
+from server.assign import Assignment
+from server.booking import book_population
 from server.checks import array_spec
+from server.collect import PlainReplies
 from server.history import RoundLog, client_order
+from server.mechanism import Booking, Collected, Collector, Round
 from server.state import StateError
-from server.strategy import BudgetedFedAvg, BudgetExhausted
 
 
 def training_settings(settings: RunSettings) -> RunSettings:
@@ -83,7 +84,7 @@ keeps S, the noise z·S and a distributed round's lattice (``fine_scale``) finit
 positive whatever the noisy counts say, so no booked round is sent an S it cannot run."""
 
 POPULATION, USER_CLIP = "population", "user-clip"
-"""The keys of ``UserLevelFedAvg.state`` in the checkpoint."""
+"""The keys of ``UserLevel.state`` in the checkpoint."""
 
 
 def resumed_state(state: Mapping[str, Any]) -> tuple[int, float]:
@@ -126,21 +127,45 @@ def check_user_reply(reply: Message, charge: Charge, global_arrays: ArrayRecord,
     return None
 
 
-class UserLevelFedAvg(BudgetedFedAvg):
-    """Central user-level DP-FedAvg over the clients the population ledger allows."""
+def calibrated_noise(settings: RunSettings, sample_rate: float, expected_cohort: float) -> float:
+    """z for ``target-epsilon`` after the W count-only rounds and ``rounds`` − W rounds of
+    ``user_round_event`` at q = ``sample_rate``. The count-only rounds are priced at σ_b =
+    ``clip-count-noise`` or m/20, never above the σ_b the run then uses (max(m/20, z)): the
+    target holds."""
+    assert settings.target_epsilon is not None  # RunSettings requires it without noise-multiplier
+    return calibrate_user_noise(settings.target_epsilon, settings.delta, sample_rate, settings.rounds,
+                                settings.clip_warmup_rounds,
+                                count_noise(settings.clip_count_noise, expected_cohort, None))
 
-    def __init__(self, settings: RunSettings, *args: Any, resumed: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+
+def adapted_clip(clip: float, centred: float, expected: float, quantile: float, lr: float,
+                 bounds: tuple[float, float]) -> tuple[float, float]:
+    """(S', b̃): Andrew et al.'s step of size η = ``lr`` from the noisy centred count
+    Σ(b − ½) + N(0, σ_b²): b̃ = centred / m + ½ clamped to [0, 1], S' = S·exp(−η(b̃ − γ))
+    clamped to ``bounds`` (taken in logs: no ``exp`` overflows, whatever η)."""
+    estimate = min(1.0, max(0.0, centred / expected + 0.5))
+    low, high = bounds
+    log_clip = min(math.log(high), max(math.log(low), math.log(clip) - lr * (estimate - quantile)))
+    return min(high, max(low, math.exp(log_clip))), estimate  # exp may round a hair past a bound
+
+
+class UserLevel:
+    """The parts of a central user-level round: the population booked, a Poisson cohort,
+    plain replies checked against S, the noisy mean of the clipped deltas, S's step."""
+
+    def __init__(self, settings: RunSettings, nodes: Mapping[int, Assignment], seed: int = 0,
+                 resumed: Mapping[str, Any] | None = None) -> None:
         if settings.resume or resumed is not None:
             population, clip = resumed_state(resumed or {})
         else:
-            population, clip = len(self.nodes), settings.user_clip
+            population, clip = len(nodes), settings.user_clip
+        self.known = len(nodes)  # the clients known now (late joiners too: ``book``)
         self.population_size = population  # q's denominator: the clients discovered at the run's start
         self.expected_cohort = settings.cohort or population
         if self.expected_cohort > population:
             raise SettingsError(f"cohort {self.expected_cohort} exceeds the {population} clients discovered")
         self.sample_rate = self.expected_cohort / population
+        self.seed = seed
         self.noise_multiplier = settings.noise_multiplier if settings.noise_multiplier is not None else \
             self.calibrated_noise(settings)
         self.quantile = settings.clip_quantile
@@ -153,20 +178,16 @@ class UserLevelFedAvg(BudgetedFedAvg):
         self.clip, self.clip_bounds = clip, (settings.user_clip / CLIP_RANGE, settings.user_clip * CLIP_RANGE)
         self.randomness = settings.server_randomness
         self.event = self.round_event()
-        self._population: list[str] = []
+        self.collector: Collector = PlainReplies(self.check)
+        self._population = 0
         self._noise = RoundNoise(self.randomness, self.seed, 0)
         if self.randomness is ServerRandomness.SEEDED:
             log(WARNING, "server-randomness = 'seeded': the cohorts and noise follow the run's seed; whoever "
                          "knows the run config can strip the noise (simulations and tests only)")
 
     def calibrated_noise(self, settings: RunSettings) -> float:
-        """z for ``target-epsilon`` after the W count-only rounds and ``rounds`` − W rounds of
-        ``round_event``. The count-only rounds are priced at σ_b = ``clip-count-noise`` or m/20,
-        never above the σ_b the run then uses (max(m/20, z)): the target holds."""
-        assert settings.target_epsilon is not None  # RunSettings requires it without noise-multiplier
-        return calibrate_user_noise(settings.target_epsilon, settings.delta, self.sample_rate, settings.rounds,
-                                    settings.clip_warmup_rounds,
-                                    count_noise(settings.clip_count_noise, self.expected_cohort, None))
+        """z for ``target-epsilon`` (``calibrated_noise``)."""
+        return calibrated_noise(settings, self.sample_rate, self.expected_cohort)
 
     def round_event(self) -> DpEvent:
         """What one training round costs each client of the population (its population-ledger booking)."""
@@ -206,97 +227,72 @@ class UserLevelFedAvg(BudgetedFedAvg):
                 "node_event": "GaussianEvent(z / 2) per round taken part in"
                               + (", GaussianEvent(σ_b) per count-only round" if self.warmup_rounds else "")}}
 
-    def _sample_and_book(self, server_round: int, grid: Grid, evaluate: bool) -> list[int]:
+    def assigned(self, assignment: Assignment) -> Assignment:
+        return assignment
+
+    def book(self, booking: Booking) -> list[int]:
         """Book the round for the whole population, then Poisson-sample the cohort."""
-        if evaluate:
-            return super()._sample_and_book(server_round, grid, evaluate)
-        entry = protocol.train_entry(self.run_key, server_round)
-        online = set(grid.get_node_ids())
-        ordered = sorted(self.nodes, key=lambda n: client_order(self.nodes[n].client_id))
-        event, population = self.booked_event(server_round), []
-        with self.ledger.transaction() as ledger:
-            for node in ordered:
-                cid = self.nodes[node].client_id
-                try:
-                    ledger.record(cid, entry, (event,))
-                except BudgetExceededError:  # out of the population from now on
-                    continue
-                except LedgerError as err:  # booked with other events (another run's settings)
-                    log(WARNING, "Client %s left out of %s: %s", cid, entry, err)
-                    continue
-                population.append(node)
-        if not population:
-            raise BudgetExhausted(f"round {server_round}: no client can afford another round")
-        self._noise = RoundNoise(self.randomness, self.seed, server_round)
+        self.known = len(booking.nodes)
+        ordered = sorted(booking.nodes, key=lambda n: client_order(booking.nodes[n].client_id))
+        charge = Charge(booking.entry, (self.booked_event(booking.server_round),))
+        population = book_population(booking, ordered, charge)
+        self._noise = RoundNoise(self.randomness, self.seed, booking.server_round)
         draws = self._noise.uniform(len(population))
-        self._population = [self.nodes[n].client_id for n in population]
-        sampled = [n for n, u in zip(population, draws, strict=True) if u < self.sample_rate and n in online]
+        self._population = len(population)
+        sampled = [n for n, u in zip(population, draws, strict=True) if u < self.sample_rate and n in booking.online]
         log(INFO, "configure_train: %d of %d clients sampled (q = %.4g), all %d booked",
             len(sampled), len(population), self.sample_rate, len(population))
         return sampled
 
-    def train_config(self, server_round: int) -> dict[str, Any]:
-        config: dict[str, Any] = userlevel.user_round_config(self.clip, self.noise_multiplier)
-        if self.count_only(server_round):
+    @property
+    def expected(self) -> float:
+        """The expected cohort m = q·|P| of the round."""
+        return self.sample_rate * self._population
+
+    def opened(self, rnd: Round) -> None:
+        """Log S, |P| and m in the round's train metrics."""
+        rnd.log.train_metrics = {"user_clip": self.clip, "population": self._population,
+                                 "expected_cohort": self.expected}
+
+    def train_config(self, rnd: Round, assignment: Assignment) -> dict[str, Any]:
+        """The client's plan, S and z; a count-only round says so, with σ_b."""
+        config: dict[str, Any] = {**assignment.config, **userlevel.user_round_config(self.clip, self.noise_multiplier)}
+        if self.count_only(rnd.number):
             config |= {userlevel.COUNT_ONLY: True, userlevel.COUNT_NOISE: self.count_noise}
         return config
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def check(self, rnd: Round, assignment: Assignment, reply: Message) -> str | None:
+        """``check_user_reply`` against the node's event and the round's S."""
+        charge = Charge(rnd.entry, (self.node_event(rnd.number),))
+        return check_user_reply(reply, charge, rnd.arrays, self.clip, self.count_only(rnd.number))
+
+    def update(self, rnd: Round, collected: Collected) -> ArrayRecord | None:
         """Global model + (Σ clipped deltas + N(0, (z_Δ S)²)) / (q·|P|); S's adaptive step. A
         count-only round releases the noisy count alone: S steps, the model stays."""
-        round_log = self.history.start_round(server_round, [s.assignment.client_id for s in self._sent.values()])
-        count_only = self.count_only(server_round)
-        charge = Charge(protocol.train_entry(self.run_key, server_round), (self.node_event(server_round),))
-        accepted: list[tuple[str, RecordDict]] = []
-        for sent, reply in self._answers(replies, round_log):
-            cid = sent.assignment.client_id
-            problem = check_user_reply(reply, charge, self._global, self.clip, count_only)
-            if problem:
-                round_log.rejected[cid] = problem
-                log(WARNING, "Rejected update of client %s: %s", cid, problem)
-            else:
-                accepted.append((cid, reply.content))
-        expected = self.open_metrics(round_log)
-        if self.close_round(round_log, len(accepted)):
-            return None, None
-        accepted.sort(key=lambda item: client_order(item[0]))  # float sums must not depend on arrival order
+        accepted = sorted(collected.replies, key=lambda item: client_order(item[0].client_id))  # arrival-independent
         bits = [_bit(content) for _, content in accepted]
-        if count_only:
-            round_log.train_metrics["count_only"] = 1
-            self.adapt_clip(self.noisy_count(bits), expected, round_log, self.warmup_lr)
-            return None, None
+        if self.count_only(rnd.number):
+            rnd.log.train_metrics["count_only"] = 1
+            self.adapt_clip(self.noisy_count(bits), rnd.log, self.warmup_lr)
+            return None
         deltas = [{name: a.numpy() for name, a in content.array_records[protocol.ARRAYS].items()}
                   for _, content in accepted]
-        out = noisy_step({name: a.numpy() for name, a in self._global.items()}, deltas, self._noise,
-                         self.delta_multiplier * self.clip, expected)
+        out = noisy_step({name: a.numpy() for name, a in rnd.arrays.items()}, deltas, self._noise,
+                         self.delta_multiplier * self.clip, self.expected)
         if self.quantile is not None:
-            self.adapt_clip(self.noisy_count(bits), expected, round_log, self.clip_lr)
-        return ArrayRecord({name: Array(value) for name, value in out.items()}), None
-
-    def open_metrics(self, round_log: RoundLog) -> float:
-        """The expected cohort m = q·|P| of the round, logged with S and |P| in its train metrics."""
-        expected = self.sample_rate * len(self._population)
-        round_log.train_metrics = {"user_clip": self.clip, "population": len(self._population),
-                                   "expected_cohort": expected}
-        return expected
+            self.adapt_clip(self.noisy_count(bits), rnd.log, self.clip_lr)
+        return ArrayRecord({name: Array(value) for name, value in out.items()})
 
     def noisy_count(self, bits: Iterable[float]) -> float:
         """Σ(b − ½) + N(0, σ_b²) over the accepted replies' bits (the round's last draw)."""
         assert self.count_noise is not None
         return sum(bit - 0.5 for bit in bits) + float(self._noise.normal((1,), self.count_noise)[0])
 
-    def adapt_clip(self, centred: float, expected: float, round_log: RoundLog, lr: float) -> None:
-        """Andrew et al.'s step of size η = ``lr`` from the noisy centred count
-        Σ(b − ½) + N(0, σ_b²): b̃ = centred / m + ½ clamped to [0, 1], S ← S·exp(−η(b̃ − γ))
-        clamped to ``clip_bounds`` (taken in logs: no ``exp`` overflows, whatever η)."""
+    def adapt_clip(self, centred: float, round_log: RoundLog, lr: float) -> None:
+        """S's step (``adapted_clip``) from the noisy centred count, b̃ in the round's metrics."""
         assert self.quantile is not None
-        estimate = min(1.0, max(0.0, centred / expected + 0.5))
-        low, high = self.clip_bounds
-        log_clip = min(math.log(high), max(math.log(low), math.log(self.clip) - lr * (estimate - self.quantile)))
-        self.clip = min(high, max(low, math.exp(log_clip)))  # exp may round a hair past a bound
-        round_log.train_metrics["under_clip_estimate"] = estimate
+        self.clip, round_log.train_metrics["under_clip_estimate"] = adapted_clip(
+            self.clip, centred, self.expected, self.quantile, lr, self.clip_bounds)
 
 
 def _bit(content: RecordDict) -> float:

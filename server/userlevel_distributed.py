@@ -31,15 +31,13 @@ coordinate, (2b − 1)·k for k = ``COUNT_ONLY_SCALE`` (``count_only_lattice``),
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Mapping
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord
 from flwr.supercore import log
 
-from fedpriv.distributed.contribution import decode_sum
 from fedpriv.distributed.lattice import Lattice
 from fedpriv.distributed.setup import count_only_lattice, user_level_lattice
 from fedpriv.federation import protocol, userlevel
@@ -52,20 +50,22 @@ from fedpriv.privacy.userlevel import (
     distributed_count_round_event,
     distributed_user_round_event,
 )
-from fedpriv.secagg import graph
-from server.distributed import record_survivors
-from server.secure_sum import secure_sum
-from server.userlevel import UserLevelFedAvg
+from server.assign import Assignment
+from server.collect import SecureSum
+from server.mechanism import Booking, Collected, Round
+from server.userlevel import UserLevel
 
 
-class DistributedUserLevelFedAvg(UserLevelFedAvg):
-    """User-level DP-FedAvg whose noise the cohort adds under secure aggregation."""
+class DistributedUserLevel(UserLevel):
+    """User-level DP-FedAvg whose noise the cohort adds under secure aggregation: central
+    user level's booking, cohort and S, with its own events, lattice, collection and update."""
 
-    def __init__(self, settings: RunSettings, *args: Any, dimension: int, **kwargs: Any) -> None:
+    def __init__(self, settings: RunSettings, nodes: Mapping[int, Assignment], *, dimension: int,
+                 **kwargs: Any) -> None:
         self.dimension, self.rounding = dimension, settings.lattice_rounding
-        self.neighbours = settings.secagg_neighbours
         self.lattice: Lattice | None = None
-        super().__init__(settings, *args, **kwargs)
+        super().__init__(settings, nodes, **kwargs)
+        self.collector = SecureSum(self.round_lattice, settings.secagg_neighbours)
 
     @property
     def nominal_shares(self) -> int:
@@ -73,7 +73,7 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
         return max(1, math.floor(self.expected_cohort))
 
     def _lattice(self, clip: float, noise_multiplier: float, count_noise: float | None) -> Lattice:
-        return user_level_lattice(clip, self.dimension, self.rounding, len(self.nodes), noise_multiplier, count_noise)
+        return user_level_lattice(clip, self.dimension, self.rounding, self.known, noise_multiplier, count_noise)
 
     @property
     def bit_scale(self) -> int:
@@ -107,11 +107,17 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
             return distributed_count_round_event(self.sample_rate, self.count_noise, self.nominal_shares)
         return self.event
 
-    def round_lattice(self, server_round: int) -> Lattice:
+    def book(self, booking: Booking) -> list[int]:
+        """This round's S fixes its lattice and event; then central user level's booking."""
+        self.known = len(booking.nodes)
+        self.event = self.round_event()
+        return super().book(booking)
+
+    def round_lattice(self, rnd: Round) -> Lattice:
         """The lattice the round's vectors are summed on: the count's alone in a count-only round."""
-        if self.count_only(server_round):
+        if self.count_only(rnd.number):
             assert self.count_noise is not None
-            return count_only_lattice(len(self.nodes), self.count_noise)
+            return count_only_lattice(self.known, self.count_noise)
         assert self.lattice is not None
         return self.lattice
 
@@ -128,58 +134,34 @@ class DistributedUserLevelFedAvg(UserLevelFedAvg):
                           "taken part in, n = the node's min-cohort − max-dropouts − max-colluders"}
         return resolved
 
-    def train_config(self, server_round: int) -> dict[str, Any]:
+    def train_config(self, rnd: Round, assignment: Assignment) -> dict[str, Any]:
         """S and z (and σ_b when adaptive), and the lattice the round's vectors are on."""
-        lattice = self.round_lattice(server_round)
+        lattice = self.round_lattice(rnd)
         count = {} if self.count_noise is None else {userlevel.COUNT_NOISE: self.count_noise}
-        return {**super().train_config(server_round), **count, protocol.LATTICE_SCALE: lattice.scale,
+        return {**super().train_config(rnd, assignment), **count, protocol.LATTICE_SCALE: lattice.scale,
                 protocol.MODULUS_BITS: lattice.modulus_bits, protocol.LATTICE_ROUNDING: str(lattice.rounding)}
 
-    def run_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, timeout: float) -> ArrayRecord:
-        """Book the population, sample the cohort, securely sum its encoded noisy deltas and
-        move the model by the decoded sum / m; the old model when the round is discarded."""
-        self._round_start = time.perf_counter()
-        self._admit_new(grid, set(grid.get_node_ids()))
-        self.event = self.round_event()  # this round's S: its lattice and event
-        lattice = self.round_lattice(server_round)
-        cohort = self._sample_and_book(server_round, grid, evaluate=False)
-        self._global, self._sent = arrays, {}
-        round_log = self.history.start_round(server_round, [self.nodes[n].client_id for n in cohort])
-        expected = self.open_metrics(round_log)
-        entry = protocol.train_entry(self.run_key, server_round)
-
-        def content(node: int) -> RecordDict:
-            config = ConfigRecord({**self.nodes[node].config, **self.train_config(server_round),
-                                   protocol.SERVER_ROUND: server_round, protocol.RUN_KEY: self.run_key})
-            return RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: config})
-
-        result = secure_sum(grid, cohort, dimension=lattice.dimension, modulus_bits=lattice.modulus_bits,
-                            threshold=graph.threshold(len(cohort), self.neighbours), collect_content=content,
-                            timeout=timeout, round_key=entry, neighbours=self.neighbours) if cohort else None
-        if result is not None:
-            record_survivors(round_log, result, cohort, self.nodes)
-        if self.close_round(round_log, len(result.survivors) if result else 0):
-            return arrays
-        if result is None or result.sum is None:
-            round_log.discarded = ("no client sampled" if result is None else
-                                   f"secure aggregation gave no sum: {result.reason}") + \
-                "; no noise shares to release: the previous model is kept"
-            log(WARNING, "Round %d: %s", server_round, round_log.discarded)
-            return arrays
+    def update(self, rnd: Round, collected: Collected) -> ArrayRecord | None:
+        """The model moved by the decoded sum / m (S's step from the bit's coordinate); a
+        count-only round steps S alone. Without a sum there are no noise shares: nothing moves."""
+        if collected.decoded is None:
+            rnd.log.discarded = f"{collected.reason}; no noise shares to release: the previous model is kept"
+            log(WARNING, "Round %d: %s", rnd.number, rnd.log.discarded)
+            return None
+        expected, lattice = self.expected, self.round_lattice(rnd)
         log(INFO, "Round %d: secure sum of %d of %d clients, divided by the expected cohort %.1f",
-            server_round, len(result.survivors), len(cohort), expected)
-        flat = decode_sum(result.sum, lattice).numpy()
-        if self.count_only(server_round):  # Σ(2b − 1)·k + noise: S steps, the model stays
-            round_log.train_metrics["count_only"] = 1
-            self.adapt_clip(float(flat[0]) / (2 * COUNT_ONLY_SCALE), expected, round_log, self.warmup_lr)
-            return arrays
+            rnd.number, len(collected.survivors), len(rnd.cohort), expected)
+        flat = collected.decoded.numpy()
+        if self.count_only(rnd.number):  # Σ(2b − 1)·k + noise: S steps, the model stays
+            rnd.log.train_metrics["count_only"] = 1
+            self.adapt_clip(float(flat[0]) / (2 * COUNT_ONLY_SCALE), rnd.log, self.warmup_lr)
+            return None
         if self.count_noise is not None:  # the last coordinate: Σ(2b − 1)·k + noise, in lattice units / scale
             bit_scale, flat = self.bit_scale, flat.copy()
-            self.adapt_clip(float(flat[-1]) * lattice.scale / (2 * bit_scale), expected, round_log,
-                            self.clip_lr)
+            self.adapt_clip(float(flat[-1]) * lattice.scale / (2 * bit_scale), rnd.log, self.clip_lr)
             flat = flat[:-1]
         mean, out, offset = flat / expected, {}, 0
-        for name, array in arrays.items():
+        for name, array in rnd.arrays.items():
             values = array.numpy()
             part = mean[offset:offset + values.size].reshape(values.shape)
             offset += values.size

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.cli import Parser
-from fedpriv.project import run_config_defaults
+from fedpriv.federation import modes
+from fedpriv.federation.keys import Key
+from fedpriv.federation.settings import EXCLUSIVE, KEYS, USER_LEVEL_KEYS, used_by
 
 CACHE_ENV = "FEDPRIV_CACHE_DIR"
 CACHE_HELP = ("cache of data-independent features (default: $FEDPRIV_CACHE_DIR or ~/.cache/fedpriv; "
@@ -119,12 +121,6 @@ def report_json(parser: argparse.ArgumentParser, out: Path | None, compute: Call
     return result
 
 
-def add_max_physical_batch(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-physical-batch", type=at_least(1), metavar="N",
-                        help="examples per micro-batch of a lot: memory and speed, never privacy "
-                             "(default: the most that fit the device's memory, from a measured step)")
-
-
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help=CACHE_HELP)
 
@@ -183,101 +179,77 @@ def check_data_dir(parser: argparse.ArgumentParser, data_dir: str | None, downlo
 
 
 
+def _flag_type(key: Key) -> Callable[[str], Any]:
+    """The argparse type of a number key's flag: its kind, finite, in its bound."""
+    def parse(text: str) -> Any:
+        value = _number(key.kind, text)
+        if key.bound is not None and not key.bound.holds(value):
+            raise argparse.ArgumentTypeError(f"must be {key.bound.text}, got {text}")
+        return value
+
+    return parse
+
+
+def add_flag(parser: argparse.ArgumentParser | argparse._ActionsContainer, key: Key,
+             shown: str | None = None) -> None:
+    """``--<key>`` as its definition says (``fedpriv.federation.keys``); unset (None), it
+    keeps the run config's default, which its help shows (or ``shown``)."""
+    if shown is None:
+        shown = key.unset if key.default is None else \
+            ("yes" if key.default else "no") if key.kind is bool else str(key.default)
+    used = used_by(key.name)
+    only = "" if used == frozenset(modes.MODES) else f"[only {modes.described(used)}] "
+    options: dict[str, Any] = {"help": f"{only}{key.help} (default: {shown})", "default": None}
+    if key.kind is bool:
+        options["action"] = argparse.BooleanOptionalAction if key.default else "store_true"
+    elif key.choices is not None:
+        options["choices"] = key.choices
+    elif key.kind in (int, float):
+        options["type"] = _flag_type(key)
+    if key.metavar:
+        options["metavar"] = key.metavar
+    parser.add_argument(f"--{key.name}", **options)
+
+
+def add_max_physical_batch(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, KEYS["max-physical-batch"])
+
+
+FLAG_KEYS = tuple(key for key in KEYS.values() if key.flag)
+"""The run-config keys that are flags of the federated commands (``--<key>``)."""
+FLAGS = {key.name: f"--{key.name}" for key in FLAG_KEYS} | {"min-clients": "--clients"}
+"""Run-config key -> the flag that sets it, for error messages."""
+
+
+USER_LEVEL_FLAGS = tuple(key.name for key in FLAG_KEYS if key.name in USER_LEVEL_KEYS)
+"""The user-level keys that are flags (``--<key>``)."""
+
+
 def add_user_level(parser: argparse.ArgumentParser) -> None:
-    """The user-level flags (``--privacy user``, docs/user-level.md); unset, each keeps
-    pyproject's default."""
-    d = run_config_defaults()
+    """The user-level flags (``--privacy user``, docs/user-level.md)."""
     user = parser.add_argument_group("user level (--privacy user)")
-    user.add_argument("--cohort", type=at_least(1), help="expected clients per round, Poisson-sampled (default: all)")
-    user.add_argument("--user-clip", type=positive, help=f"S, the bound on each client's model delta "
-                                                         f"(default: {d['user-clip']})")
-    user.add_argument("--user-noise", choices=["central", "distributed"],
-                      help="central: the server adds the noise (trusted to); distributed: each sampled client adds a "
-                           "discrete Gaussian share under secure aggregation, the server sees only the noisy sum "
-                           f"(default: {d['user-noise']})")
-    user.add_argument("--clip-quantile", type=unit_interval,
-                      help="adaptive clipping: S follows this quantile of the update norms (default: fixed S)")
-    user.add_argument("--clip-lr", type=positive, help=f"adaptive clipping's step η (default: {d['clip-lr']})")
-    user.add_argument("--clip-count-noise", type=positive,
-                      help="σ_b of adaptive clipping's noisy count (default: max(cohort / 20, z))")
-    user.add_argument("--clip-warmup-rounds", type=at_least(0), metavar="W",
-                      help="adaptive clipping: the first W rounds release only the noisy count, placing S before the "
-                           f"model moves (default: {d['clip-warmup-rounds']})")
-    user.add_argument("--clip-warmup-lr", type=positive,
-                      help=f"η of S's update in those count-only rounds (default: {d['clip-warmup-lr']})")
+    for name in USER_LEVEL_FLAGS:
+        add_flag(user, KEYS[name])
 
 
 def federated_parser(dataset: str) -> Parser:
-    """The flags of ``python -m simulations.<dataset>``; an unset flag keeps pyproject's default."""
-    d = run_config_defaults()
-    plan = "default: the data set's plan"
+    """The flags of ``python -m simulations.<dataset>``: one per run-config key the command
+    does not set itself, as ``fedpriv.federation.settings`` defines it; an unset flag keeps
+    pyproject's default."""
     p = Parser(
         prog=f"python -m simulations.{'cifar' if dataset == 'cifar10' else dataset}",
         description=f"Federated DP-SGD on {dataset} with Flower's Ray simulation engine. Unset flags "
                     "keep the run defaults of pyproject.toml's [tool.flwr.app.config].",
     )
     p.add_argument("--clients", type=at_least(1), default=10, help="simulated SuperNodes (default: 10)")
-    p.add_argument("--rounds", type=at_least(1), help=f"federated rounds (default: {d['rounds']})")
-    p.add_argument("--local-epochs", type=at_least(1),
-                   help=f"local epochs per round (default: {d['local-epochs']})")
     noise = p.add_mutually_exclusive_group()
-    noise.add_argument("--target-epsilon", type=positive,
-                       help="calibrate each client's σ to end at ≤ ε (default: none, a fixed σ)")
-    noise.add_argument("--noise-multiplier", type=non_negative,
-                       help=f"fixed σ for every client, 0 for no noise ({plan})")
-    p.add_argument("--delta", type=delta, help=f"δ of every guarantee (default: {d['delta']})")
-    p.add_argument("--epsilon-budget", type=positive,
-                   help="per-client ε budget of the server ledger (default: --target-epsilon, else unlimited)")
-    p.add_argument("--client-epsilon-budget", type=positive,
-                   help="ε budget in each simulated node's policy (default: --epsilon-budget, else "
-                        "--target-epsilon, else unlimited)")
+    for key in FLAG_KEYS:
+        if key.name not in USER_LEVEL_KEYS:
+            add_flag(noise if key.name in EXCLUSIVE else p, key, f"runs/{dataset}" if key.name == "out" else None)
+    p.set_defaults(out=f"runs/{dataset}")
+    add_user_level(p)
     p.add_argument("--num-examples-noise", type=positive,
                    help="nodes release N as a Gaussian count of this std (default: N is public)")
-    p.add_argument("--lot-size", type=at_least(1), help=f"expected Poisson lot size ({plan})")
-    p.add_argument("--max-grad-norm", type=positive, help=f"clipping norm C ({plan})")
-    p.add_argument("--lr", type=positive, help=f"learning rate ({plan})")
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], help=plan)
-    add_max_physical_batch(p)
-    p.add_argument("--model", metavar="NAME", help=f"a fedpriv.models name ({plan})")
-    p.add_argument("--fraction-train", type=probability,
-                   help=f"fraction of clients sampled per round (default: {d['fraction-train']})")
-    p.add_argument("--fraction-evaluate", type=unit_interval,
-                   help="fraction of clients asked for a noisy, booked evaluation per round "
-                        f"(default: {d['fraction-evaluate']})")
-    p.add_argument("--partition", choices=["iid", "dirichlet", "shard"],
-                   help=f"how the training set is split (default: {d['partition']})")
-    p.add_argument("--alpha", type=positive, help=f"Dirichlet concentration (default: {d['alpha']})")
-    p.add_argument("--seed", type=int, help="seeds the server's sampling and model init, and the simulated "
-                                            f"nodes' randomness and partition key (default: {d['seed']})")
-    p.add_argument("--limit-train", type=at_least(1), help="use the first N training examples (default: all)")
-    p.add_argument("--limit-test", type=at_least(1), help="use the first N test examples (default: all)")
-    p.add_argument("--data-dir", help="root folder of the data sets (default: $XDG_CACHE_HOME/fedpriv "
-                                      "or ~/.cache/fedpriv)")
-    p.add_argument("--download", action="store_true", default=None,
-                   help="download the data set if it is missing (default: no)")
-    p.add_argument("--out", default=f"runs/{dataset}",
-                   help="output folder; one holding a run's results is refused unless --resume "
-                        f"(default: runs/{dataset})")
-    p.add_argument("--state-dir", help="keep the server's ledger and checkpoints here and each node's "
-                                       "ledger under nodes/ (default: a temporary folder)")
-    p.add_argument("--resume", action="store_true", default=None,
-                   help="continue the run in --state-dir from its last completed round")
-    p.add_argument("--accept-failures", action=argparse.BooleanOptionalAction, default=None,
-                   help="aggregate a round although a sampled client refused, failed or timed out; "
-                        "--no-accept-failures keeps the previous model then "
-                        f"(default: {'yes' if d['accept-failures'] else 'no'})")
-    p.add_argument("--privacy", choices=["local", "distributed", "user"],
-                   help="local: each node's DP-SGD noises its update; distributed: nodes add integer noise "
-                        "shares under secure aggregation and the server sees only the noisy sum; user: "
-                        f"user-level DP-FedAvg (default: {d['privacy']})")
-    p.add_argument("--lattice-rounding", choices=["nearest", "conditional"],
-                   help="distributed mode: each clipped example to the nearest lattice point, or by Kairouz et al.'s "
-                        f"conditional randomized rounding (default: {d['lattice-rounding']})")
-    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K",
-                   help="distributed mode: SecAgg+ on a random graph where each node masks with and shares its "
-                        "secrets among only K others (even; every simulated node's policy accepts K), 0 for "
-                        f"all others (default: {d['secagg-neighbours']})")
-    add_user_level(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the planner's plan for these flags (python -m fedpriv.privacy plan) and exit")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")

@@ -12,27 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.federation import modes
-from simulations._cli import (
-    Parser,
-    check_data_dir,
-    check_out,
-    federated_parser,
-    run_config_defaults,
-    use_cache_dir,
-)
+from fedpriv.federation.settings import KEYS, USED_BY, used_by
+from simulations._cli import Parser, check_data_dir, check_out, federated_parser, use_cache_dir
 
 
-def check_mode_flags(parser: Parser, args: argparse.Namespace, config: Mapping[str, Any] | None = None) -> None:
+def check_mode_flags(parser: Parser, args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> None:
     """Refuse (one line, exit 2) a flag that the chosen privacy mode does not use
-    (``fedpriv.federation.modes``), rather than ignore it. The mode is the flags' over
-    ``config`` (an app's run config, ``simulations.run``; default fedpriv's own)."""
-    defaults = run_config_defaults() if config is None else {**run_config_defaults(), **config}
-    mode = modes.mode_of(args.privacy or defaults["privacy"], args.user_noise or defaults["user-noise"])
-    given = [key for key in modes.USED_BY if getattr(args, key.replace("-", "_"), None) is not None]
-    whose = " (the app's run config's mode)" if config is not None and args.privacy is None else ""
-    for key in modes.unused(given, mode):
-        flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
-        parser.error(f"argument {flag}: {modes.unused_reason(key, mode)}{whose}")
+    (``fedpriv.federation.settings.USED_BY``), rather than ignore it. The mode is the flags',
+    else ``defaults``' (a user's app's run config; the definitions' defaults without one)."""
+    def chosen(key: str) -> str:
+        return getattr(args, KEYS[key].attr) or (defaults or {}).get(key) or KEYS[key].default
+
+    mode = modes.mode_of(chosen("privacy"), chosen("user-noise"))
+    for key in USED_BY:
+        if mode not in used_by(key) and getattr(args, KEYS[key].attr, None) is not None:
+            flag = "--no-accept-failures" if key == "accept-failures" and not args.accept_failures else f"--{key}"
+            parser.error(f"argument {flag}: {modes.unused_reason(mode, used_by(key))}")
 
 
 def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]:
@@ -46,12 +41,12 @@ def run_federated(dataset: str, argv: list[str] | None = None) -> dict[str, Any]
     return main(dataset, argv)
 
 
-def check_args(parser: Parser, args: argparse.Namespace, config: Mapping[str, Any] | None = None) -> None:
+def check_args(parser: Parser, args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> None:
     """The federated commands' cheap checks, before torch, Flower and Ray are imported: flags
-    the mode does not use (the mode of the flags over ``config``, an app's run config), the
-    cache folder, an ``--out`` holding results (but for ``--dry-run``, which writes none), a
-    ``--data-dir`` that is no folder."""
-    check_mode_flags(parser, args, config)
+    the mode does not use (the mode of the flags, else of ``defaults``: a user's app's run
+    config), the cache folder, an ``--out`` holding results (but for ``--dry-run``, which
+    writes none), a ``--data-dir`` that is no folder."""
+    check_mode_flags(parser, args, defaults)
     use_cache_dir(parser, args.cache_dir)
     if not args.dry_run:
         check_out(parser, Path(args.out).resolve(), bool(args.resume))

@@ -20,7 +20,7 @@ Without ``--state-dir`` all state lives in a temporary folder and is gone after 
 
 Every input is checked before Ray starts: the flags by their argparse types
 (``simulations._cli``, before torch is imported), the fused run config by ``RunSettings``
-and the training plan exactly as the apps will parse them (``check_settings``), and the
+and the training plan exactly as the apps will parse them (``simulations._run_config``), and the
 data set's files (``check_data``). A bad one is a single ``prog: error: ...`` line, exit 2.
 """
 
@@ -41,71 +41,24 @@ from typing import Any
 import torch
 
 from fedpriv.dpsgd.memory import GPU_SHARE_ENV
-from fedpriv.federation.modes import USER_LEVEL_KEYS
 from fedpriv.federation.policy import POLICY_ENV, SecAggTrust, load_policy, policy_file_text
 from fedpriv.federation.seeded import warn_seeded
-from fedpriv.federation.settings import RunSettings, SettingsError
+from fedpriv.federation.settings import RunSettings
 from fedpriv.files import write_bytes_atomic, write_json_atomic
 from fedpriv.node import init_nodes
 from fedpriv.project import PROJECT_ROOT
 from fedpriv.seeding import SIMULATION_RUN_ID
 from server.history import epsilon_summary
-from simulations._cli import LOG_FILE, federated_parser, flag_message, use_cache_dir
+from simulations._cli import LOG_FILE, federated_parser, use_cache_dir
 from simulations._logging import console
 from simulations._ray import ray_cluster
-
-# flag -> run-config key, for the flags that map one to one
-_KEYS = (
-    "rounds", "local-epochs", "target-epsilon", "delta", "partition", "alpha", "seed",
-    "limit-train", "limit-test", "data-dir", "out", "noise-multiplier", "lot-size",
-    "max-grad-norm", "lr", "lr-schedule", "max-physical-batch", "model", "fraction-train", "fraction-evaluate",
-    "epsilon-budget", "client-epsilon-budget", "download", "state-dir", "resume", "accept-failures", "privacy",
-    "lattice-rounding", "secagg-neighbours", *USER_LEVEL_KEYS,
-)
-# run-config key -> the flag that sets it, for error messages
-FLAGS = {key: f"--{key}" for key in _KEYS} | {"min-clients": "--clients"}
+from simulations._run_config import check_settings, fused_run_config
 
 
 def build_parser(dataset: str) -> argparse.ArgumentParser:
     """The flags of ``python -m simulations.<dataset>`` (``simulations._cli``, which imports
     nothing heavy); unset flags keep pyproject's defaults."""
     return federated_parser(dataset)
-
-
-def run_config_overrides(args: argparse.Namespace, dataset: str | None) -> dict[str, Any]:
-    """The run-config keys the user set (kebab-case), the data set (none for a user's app:
-    its task is in its own run config) and ``min-clients``."""
-    overrides: dict[str, Any] = {"min-clients": args.clients,
-                                 "server-randomness": "seeded"}  # a simulation is reproducible (user level)
-    if dataset is not None:
-        overrides["dataset"] = dataset
-    for key in _KEYS:
-        value = getattr(args, key.replace("-", "_"))
-        if value is not None:
-            overrides[key] = str(Path(value).resolve()) if key in ("out", "data-dir", "state-dir") else value
-    return overrides
-
-
-def check_settings(parser: argparse.ArgumentParser, run_config: Mapping[str, Any]) -> RunSettings:
-    """The fused run config as the apps will parse it (``RunSettings``, then the training plan
-    the server derives from it); a value they would refuse is ``parser.error`` naming its flag."""
-    from fedpriv.models import MODELS
-    from server.assign import base_plan
-
-    try:
-        settings = RunSettings.from_run_config(run_config)
-        if settings.model is not None and settings.model not in MODELS:
-            parser.error(f"argument --model: invalid choice: {settings.model!r} (choose from {', '.join(MODELS)})")
-        base_plan(settings)
-        if settings.resume:
-            from server.state import ServerState
-
-            if settings.state_dir is None:  # RunSettings refused it already
-                raise SettingsError("resume needs state-dir: the folder of the run to continue")
-            ServerState(settings.state_dir).load()  # StateError: nothing to resume there
-    except ValueError as err:  # SettingsError, StateError, or the plan's own checks
-        parser.error(flag_message(str(err), FLAGS))
-    return settings
 
 
 def check_data(parser: argparse.ArgumentParser, settings: RunSettings) -> None:
@@ -342,10 +295,7 @@ def main(dataset: str | None, argv: list[str] | None = None, parser: argparse.Ar
     parser = parser or build_parser(str(dataset))
     args = parser.parse_args(argv)
     use_cache_dir(parser, args.cache_dir)
-    overrides = run_config_overrides(args, dataset)
-    from flwr.common.config import get_fused_config_from_dir
-
-    run_config = get_fused_config_from_dir(app_dir, overrides)
+    overrides, run_config = fused_run_config(parser, args, dataset, app_dir)
     settings = check_settings(parser, run_config)
     check_data(parser, settings)
     sizes = check_delta(parser, settings, args.clients, settings.seed)  # simulated_node_policy's partition-key

@@ -28,18 +28,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from fedpriv.federation.modes import USER_LEVEL_KEYS
+from fedpriv.federation.settings import KEYS
 from fedpriv.project import PROJECT_ROOT
-from simulations._cli import (
-    Parser,
-    add_user_level,
-    at_least,
-    delta,
-    even_or_zero,
-    non_negative,
-    positive,
-)
+from simulations._cli import USER_LEVEL_FLAGS, Parser, add_flag, add_user_level, at_least, positive
 from simulations._netns import NamespaceNetwork, Network, check_netns
+
+DEPLOYMENT_DEFAULTS = {"limit-test": 1000, "round-timeout": 600.0}
+"""The deployment's own defaults for run-config keys (a quick run on one machine)."""
+SHARED_FLAGS = {"delta": None, "limit-train": None, "limit-test": "1000", "data-dir": "the cache", "download": None,
+                "seed": None, "round-timeout": "600", "secagg-neighbours": None, "resume": None}
+"""The run-config keys that are the deployment's flags as ``fedpriv.federation.settings``
+defines them (with the default shown where the deployment's own differs)."""
+DEFAULTS = {name: KEYS[name].default for name in SHARED_FLAGS} | DEPLOYMENT_DEFAULTS
 
 
 def build_parser() -> Parser:
@@ -48,24 +48,15 @@ def build_parser() -> Parser:
     p.add_argument("--rounds", type=at_least(1), required=True, help="federated rounds")
     p.add_argument("--min-clients", type=at_least(1), help="nodes the server waits for (default: --nodes)")
     noise = p.add_mutually_exclusive_group()
-    noise.add_argument("--target-epsilon", type=positive,
-                       help="the server calibrates σ so each node (user level: each client, in the server's "
-                            "population ledger) ends at ≤ ε (default: 1, unless --noise-multiplier)")
-    noise.add_argument("--noise-multiplier", type=non_negative,
-                       help="a fixed σ (user level: z) instead of calibrating one to --target-epsilon")
-    p.add_argument("--delta", type=delta, default=1e-5, help="δ (default: 1e-5)")
+    add_flag(noise, KEYS["target-epsilon"], "1, unless --noise-multiplier")
+    add_flag(noise, KEYS["noise-multiplier"])
     p.add_argument("--node-epsilon-budget", type=positive,
                    help="record-level ε budget in each node's own policy (default: --target-epsilon; needed with "
                         "--noise-multiplier and with --privacy user, where a node's ledger books z/2 per round it "
                         "takes part in, not the clients' user-level ε)")
-    p.add_argument("--limit-train", type=at_least(1), help="use the first N MNIST training examples (default: all)")
-    p.add_argument("--limit-test", type=at_least(1), default=1000, help="test examples (default: 1000)")
-    p.add_argument("--data-dir", help="folder holding MNIST in torchvision's layout, the server's and each "
-                                     "node's policy data-dir (default: the cache)")
-    p.add_argument("--download", action="store_true", help="download MNIST first if it is missing")
-    p.add_argument("--seed", type=int, default=0, help="the server's sampling, partitions and model init")
-    p.add_argument("--round-timeout", type=positive, default=600.0,
-                   help="seconds a round waits for replies; later nodes failed the round (default: 600)")
+    for name, shown in SHARED_FLAGS.items():
+        add_flag(p, KEYS[name], shown)
+    p.set_defaults(**{name.replace("-", "_"): value for name, value in DEFAULTS.items()})
     p.add_argument("--privacy", choices=["local", "distributed", "user"], default="local",
                    help="local: each node noises its update; distributed: integer noise shares under secure "
                         "aggregation, every node's policy allowing it with min-cohort = --nodes; user: user-level "
@@ -73,12 +64,8 @@ def build_parser() -> Parser:
                         "in to trusting the server with the noise (allow-central-user = true: its clipped delta "
                         "leaves un-noised), or distributed, every node's policy allowing integer noise shares under "
                         "secure aggregation with min-cohort = ⌈cohort / 2⌉ (default: local)")
-    p.add_argument("--secagg-neighbours", type=even_or_zero, metavar="K", default=0,
-                   help="distributed mode: SecAgg+ with K neighbours per node (even), every node's policy "
-                        "accepting K (min-secagg-neighbours); 0: all others (default: 0)")
     add_user_level(p)
     p.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace")
-    p.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--out", required=True, type=Path, help="deployment folder: certificates, keys, states, results")
     return p
 
@@ -91,7 +78,7 @@ def run_config(args: Any, out: Path) -> dict[str, Any]:
         "limit-test": args.limit_test, "out": str(out), "state-dir": str(out / "server"), "resume": args.resume,
         "round-timeout": args.round_timeout, "privacy": args.privacy, "secagg-neighbours": args.secagg_neighbours,
     }
-    for key in ("target-epsilon", "noise-multiplier", *USER_LEVEL_KEYS):
+    for key in ("target-epsilon", "noise-multiplier", *USER_LEVEL_FLAGS):
         if (value := getattr(args, key.replace("-", "_"))) is not None:
             config[key] = value
     if args.limit_train:
@@ -185,8 +172,7 @@ def checked_run_config(parser: Parser, args: Any, out: Path) -> dict[str, Any]:
     from flwr.common.config import get_fused_config_from_dir
 
     from fedpriv.federation.settings import RunSettings
-    from simulations._cli import flag_message
-    from simulations._federated import FLAGS
+    from simulations._cli import FLAGS, flag_message
 
     fused = get_fused_config_from_dir(PROJECT_ROOT, run_config(args, out))
     try:

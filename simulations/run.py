@@ -35,8 +35,7 @@ def build_parser() -> Parser:
 
 
 def app_folder(parser: Parser, app: Path) -> tuple[Path, dict[str, Any]]:
-    """``app`` resolved and its run config (``[tool.flwr.app.config]``), if that names a task;
-    else ``parser.error``."""
+    """``app`` resolved and its run config, if its pyproject.toml names a task; else ``parser.error``."""
     app = app.expanduser().resolve()
     try:
         with (app / "pyproject.toml").open("rb") as file:
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = build_parser()
     app, config = app_folder(parser, parser.parse_args(argv).app)
     parser.set_defaults(data_dir=str(app / "data"), out=f"runs/{app.name}")
-    check_args(parser, parser.parse_args(argv), config)  # with the app's folders and mode as defaults
+    check_args(parser, parser.parse_args(argv), config)  # with the app's folders and privacy mode as defaults
     sys.path.insert(0, str(app))  # the task imports by name, here and in Ray's workers (their PYTHONPATH)
     from simulations._federated import main as simulate_app
 

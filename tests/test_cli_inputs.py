@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from fedpriv.data import DatasetNotFoundError, check_available
+from fedpriv.project import run_config_defaults
 from simulations._cli import (
     CACHE_ENV,
     at_least,
     federated_parser,
     flag_message,
     probability,
-    run_config_defaults,
     use_cache_dir,
 )
 from tests.cifar_files import write_cifar10
@@ -58,7 +58,7 @@ CASES = {
     "mnist-resume-without-state-dir": Case("simulations.mnist", ("--resume",), "--resume", "checked"),
     "mnist-resume-nothing-there": Case("simulations.mnist", ("--resume", "--state-dir", "{empty}"), "--resume",
                                        "checked"),
-    "mnist-unknown-model": Case("simulations.mnist", ("--model", "resnet"), "--model", "checked"),
+    "mnist-unknown-model": Case("simulations.mnist", ("--model", "resnet"), "--model"),
     "mnist-missing-data": Case("simulations.mnist", ("--data-dir", "{empty}"), "--data-dir", "checked"),
     "mnist-download-fails": Case("simulations.mnist", ("--data-dir", "{empty}/new", "--download"), "--download",
                                  "checked", tuple(NO_NETWORK.items())),
@@ -188,7 +188,7 @@ def test_help_shows_the_run_defaults_of_pyproject() -> None:
                    f"fraction of clients sampled per round (default: {defaults['fraction-train']})",
                    f"(default: {defaults['partition']})",
                    "simulated SuperNodes (default: 10)",
-                   "output folder; one holding a run's results is refused unless --resume (default: runs/mnist)",
+                   "one holding a run's results is refused unless resume (default: runs/mnist)",
                    "--cache-dir DIR cache of data-independent features (default: $FEDPRIV_CACHE_DIR or "
                    "~/.cache/fedpriv; 'off' disables it)"):
         assert phrase in text

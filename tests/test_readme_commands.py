@@ -52,10 +52,11 @@ def test_command_parses(command: str, capsys: pytest.CaptureFixture[str]) -> Non
         if module in FEDERATED:
             from flwr.common.config import get_fused_config_from_dir
 
-            from simulations import _federated
+            from fedpriv.project import PROJECT_ROOT
+            from simulations._run_config import check_settings, run_config_overrides
 
-            overrides = _federated.run_config_overrides(args, FEDERATED[module])
-            _federated.check_settings(parser, get_fused_config_from_dir(_federated.PROJECT_ROOT, overrides))
+            overrides = run_config_overrides(args, FEDERATED[module])
+            check_settings(parser, get_fused_config_from_dir(PROJECT_ROOT, overrides))
     except SystemExit:
         pytest.fail(f"README command does not parse: {command}\n{capsys.readouterr().err}")
     if module in READS_DATA:

@@ -45,7 +45,7 @@ def per_example_gradients(
     detached = {name: p.detach() for name, p in params.items()}
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(functional_call(model, p, (x,)), y.expand(len(x)))
+        return loss_fn(functional_call(model, p, (x,)), y.expand(len(x), *y.shape))  # a target per copy
 
     per_example = vmap(grad_and_value(example_loss), in_dims=(None, 0, 0), randomness="different")
     return per_example(detached, features.unflatten(0, (len(labels), copies(features, labels))), labels)

@@ -47,7 +47,7 @@ def test_federated_linreg_books_epsilon_per_node_and_fits(tmp_path):
 
 def test_a_node_refuses_a_release_over_its_budget_before_reading_data(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.algorithms.load", lambda *args: read.append(args))
     grid = _grid(tmp_path, 2, budget=1.0)
     _, shares = federated_linreg(grid, "diabetes", 0, 2.0, DIABETES)
     assert len(shares.refused) == 2 and all("exceed its budget" in r for r in shares.refused.values())
@@ -162,14 +162,14 @@ def test_a_release_that_spends_more_than_it_booked_never_leaves_the_node(tmp_pat
     """A kind whose noise is weaker than its booked cost (here: a release claiming half the
     ε it booked, as a halved noise scale would) sends no values: the node's check fails closed,
     with a fixed reason (the details stay in the node's log)."""
-    from clients.classic import client_app as classic_app
+    from clients.classic import algorithms
     from fedpriv.federation import protocol
     from fedpriv.privacy.events import LaplaceEvent
 
-    real = classic_app.RELEASES["linreg"]
-    cheated = classic_app.ReleaseKind(real.parse, lambda params, node, rng: (real.compute(params, node, rng)[0],
+    real = algorithms.RELEASES["linreg"]
+    cheated = algorithms.Algorithm(real.parse, lambda params, node, rng: (real.compute(params, node, rng)[0],
                                                                            LaplaceEvent(0.5)))
-    monkeypatch.setitem(classic_app.RELEASES, "linreg", cheated)
+    monkeypatch.setitem(algorithms.RELEASES, "linreg", cheated)
     grid = _grid(tmp_path, 2, budget=10.0)
     _, shares = federated_linreg(grid, "diabetes", 0, 1.0, DIABETES)
     assert not shares.events and len(grid.log) == 2

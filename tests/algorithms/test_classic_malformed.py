@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from clients.classic.client_app import TRAINING_SHAPES, Node, Share, app
+from clients.classic.algorithms import TRAINING_SHAPES, Node, Share
+from clients.classic.client_app import app
 from fedpriv.algorithms import dpdropout, iris
 from fedpriv.algorithms.datasets import client_share, load
 from fedpriv.data import load_dataset

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 def test_a_training_request_at_an_unrepresentable_sample_rate_is_refused_before_booking(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.algorithms.load", lambda *args: read.append(args))
     nodes = {i: node_config(i, 2, tmp_path, **{"epsilon-budget": 100.0, "randomness": "seeded", "seed": 1})
              for i in range(2)}
     grid = InProcessGrid({}, nodes, client_app=app)

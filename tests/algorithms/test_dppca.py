@@ -368,16 +368,16 @@ def test_a_valid_projection_trains_and_books_the_round(shared_data_dir, tmp_path
 def test_a_node_has_booked_its_release_when_it_reads_its_images(shared_data_dir, tmp_path, monkeypatch, algorithm):
     # Whatever happens after the read (a crash, a kill), the release is already in the
     # node's durable ledger: the ledger is read at the moment each node reads its images.
-    import clients.classic.client_app as classic_app
+    import clients.classic.algorithms as classic_algorithms
     from server.classic.loops import Shares, _ask
 
-    real_share, booked_at_read = classic_app._mnist_share, []
+    real_share, booked_at_read = classic_algorithms._mnist_share, []
 
     def recording_share(node, *args):
         booked_at_read.append((node.client, list(_node_entries(tmp_path, node.client).values())))
         return real_share(node, *args)
 
-    monkeypatch.setattr(classic_app, "_mnist_share", recording_share)
+    monkeypatch.setattr(classic_algorithms, "_mnist_share", recording_share)
     if algorithm == "dppca":
         config, arrays, size, event = _dppca_request(None), {}, 784 * 784, pca_event(12.4)
     else:

@@ -83,3 +83,22 @@ def test_random_shift_moves_each_image_by_its_own_offset_within_the_bound():
     assert all(s[0][tuple(w[0])].item() == i + 1 for i, (s, w) in enumerate(zip(shifted, where, strict=True)))
     offsets = {tuple((w[0] - 4).tolist()) for w in where}
     assert offsets == {(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)}  # all 25, and no other
+
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_multi_output_regression_examples_gradient_is_the_mean_over_its_copies(k):
+    """An example's (2,)-shaped float target is repeated for each of its K copies (it was
+    expanded as if it were a class label, which fails for any target of more than one
+    value), so the gradient equals autograd's of the mean loss over that example's copies."""
+    from fedpriv.dpsgd.per_example import per_example_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(4 * k, 3), torch.randn(4, 2)
+    grads, _ = per_example_gradients(model, trainable_parameters(model), x, y, F.mse_loss)
+    for i in range(4):
+        model.zero_grad()
+        F.mse_loss(model(x[k * i:k * i + k]), y[i].expand(k, 2)).backward()
+        torch.testing.assert_close(grads["weight"][i], model.weight.grad)
+        torch.testing.assert_close(grads["bias"][i], model.bias.grad)

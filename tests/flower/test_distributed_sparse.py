@@ -28,5 +28,5 @@ def test_a_sparse_round_sums_the_consenting_nodes_and_a_node_without_consent_ref
 
 @pytest.mark.parametrize("k", [-2, 3])
 def test_secagg_neighbours_is_zero_or_even(k: int) -> None:
-    with pytest.raises(SettingsError, match="secagg-neighbours must be 0"):
-        RunSettings.from_run_config({"secagg-neighbours": k})
+    with pytest.raises(SettingsError, match="secagg-neighbours must be even and >= 0"):
+        RunSettings.from_run_config({"privacy": "distributed", "secagg-neighbours": k})

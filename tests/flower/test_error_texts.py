@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from clients.classic import algorithms as classic_algorithms
 from clients.classic import client_app as classic_app
 from clients.client_app import app
 from fedpriv.federation import protocol
@@ -61,7 +62,7 @@ def test_a_release_failing_after_booking_sends_no_data_size(tmp_path, caplog, mo
     def failing(model, features, labels, *args, **kwargs):
         raise RuntimeError(f"a batch of {len(labels)} examples does not fit the model's channels")
 
-    monkeypatch.setattr("clients.task.noisy_evaluation" if message_type == MessageType.EVALUATE
+    monkeypatch.setattr("clients.evaluation.noisy_evaluation" if message_type == MessageType.EVALUATE
                         else "clients.task.train_round", failing)
     model = build_model("cnn", 0)
     if message_type == MessageType.EVALUATE:
@@ -94,13 +95,14 @@ def test_an_unexpected_error_before_booking_sends_a_fixed_text(tmp_path, monkeyp
 def test_a_classic_release_failing_after_booking_sends_no_share_size(tmp_path, monkeypatch, caplog):
     # A release that fails on the node's records (here a kind that names their number, as a
     # shape error would) after booking: the server gets the fixed text, the node's log the rest.
-    real = classic_app.RELEASES["kmeans-moments"]
+    real = classic_algorithms.RELEASES["kmeans-moments"]
 
     def failing(params, node, rng):
         x, _ = params.share.records(node)
         raise ValueError(f"records must have shape (n, 5), got {x.shape}")
 
-    monkeypatch.setitem(classic_app.RELEASES, "kmeans-moments", classic_app.ReleaseKind(real.parse, failing))
+    monkeypatch.setitem(classic_algorithms.RELEASES, "kmeans-moments",
+                        classic_algorithms.Algorithm(real.parse, failing))
     nodes = {i: node_config(i, 3, tmp_path, **{"epsilon-budget": 10.0}) for i in range(3)}
     grid = InProcessGrid({}, nodes, client_app=classic_app.app)
     config = {"algorithm": "kmeans-moments", "dataset": "iris", "seed": 0, "epsilon": 1.0, "step": 0,

@@ -86,3 +86,29 @@ def test_an_evaluation_books_the_discrete_gaussians_closed_form(tmp_path, noise)
 def test_an_evaluation_no_sampler_or_accountant_can_take_is_refused_by_the_policy(tmp_path, bad):
     with pytest.raises(PolicyError):
         NodePolicy(epsilon_budget=1.0, state_dir=tmp_path, allow_evaluate=True, **bad)
+
+
+@pytest.mark.parametrize("loss_clip", [1e-3, LOSS_CLIP, 2.0**20])
+@pytest.mark.parametrize("worst", [math.inf, math.nan, -1e30, 1e30])
+def test_one_record_of_a_tasks_own_loss_moves_the_release_by_at_most_its_units(tmp_path, loss_clip, worst):
+    """A task's own loss (any values, here a record's loss set to ``worst``) under any bound the
+    request names: one record added moves (count, correct, loss sum) by at most (1, 1, L), the
+    ``EVALUATE_UNITS`` the booked event prices (in steps of L / LOSS_STEPS, so the same event
+    covers every L). The same seed and path draw the same noise for both inputs, so the
+    differences are the mechanism's input differences exactly."""
+    policy = NodePolicy(epsilon_budget=math.inf, state_dir=tmp_path, allow_evaluate=True, evaluate_noise=1.0,
+                        randomness=Randomness.SEEDED, seed=5)
+    features = torch.arange(6, dtype=torch.float32).reshape(6, 1)
+
+    def scores(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        losses = torch.where(targets == 99, torch.tensor(worst), targets * 0.37)  # the added record: worst
+        return losses, targets > 0
+
+    model = torch.nn.Linear(1, 1)
+    without = noisy_evaluation(model, features[:5], features[:5, 0], policy, "n", scores=scores, loss_clip=loss_clip)
+    added = torch.cat([features[:5, 0], torch.tensor([99.0])])
+    with_it = noisy_evaluation(model, features, added, policy, "n", scores=scores, loss_clip=loss_clip)
+    assert with_it["count"] - without["count"] == 1 and with_it["correct"] - without["correct"] == 1
+    assert 0 <= with_it["loss-sum"] - without["loss-sum"] <= loss_clip * (1 + 1e-12)
+    if not worst < 0:  # +∞, NaN and large losses count as the bound; a negative one as 0
+        assert with_it["loss-sum"] - without["loss-sum"] == pytest.approx(loss_clip)

@@ -13,6 +13,7 @@ import sys
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from clients.classic import algorithms as classic_algorithms
 from clients.classic import client_app as classic_app
 from fedpriv.federation.policy import POLICY_ENV, PolicyError, load_policy
 from fedpriv.privacy import PrivacyLedger
@@ -51,7 +52,7 @@ def _every_message(config):
     """A QUERY, TRAIN and EVALUATE to the DP-SGD app and a request of each classic kind."""
     context = _context(config)
     yield from (("query", _query(context)), ("train", _train(context)), ("evaluate", _evaluate(context)))
-    for kind in classic_app.RELEASES:
+    for kind in classic_algorithms.RELEASES:
         yield kind, _classic(config, kind)
 
 

@@ -15,13 +15,8 @@ import pytest
 
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, GaussianEvent, PrivacyLedger
-from simulations._federated import (
-    PROJECT_ROOT,
-    build_parser,
-    node_policy_env,
-    run_config_overrides,
-    simulated_node_policy,
-)
+from simulations._federated import PROJECT_ROOT, build_parser, node_policy_env, simulated_node_policy
+from simulations._run_config import run_config_overrides
 from simulations._spent import nothing_to_spend
 
 CLIENTS, DELTA, SIGMA = 2, 1e-5, 0.5

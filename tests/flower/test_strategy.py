@@ -1,12 +1,13 @@
-"""BudgetedFedAvg with a mocked grid and hand-made replies, played as a malicious client:
-every reply is untrusted input (Prepare / Execute / Assert)."""
+"""The round loop (``PrivateFedAvg``) in local mode with a mocked grid and hand-made replies,
+played as a malicious client: every reply is untrusted input (Prepare / Execute / Assert)."""
 
 import dataclasses
+import itertools
 from unittest.mock import Mock
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
@@ -14,10 +15,12 @@ from fedpriv.privacy import Budget, dpsgd_event, epsilon_of
 from fedpriv.privacy.charge import Charge
 from fedpriv.training import TrainingPlan
 from server.assign import Assigner, Assignment
+from server.booking import BudgetExhausted
 from server.discovery import ClientInfo
 from server.history import History, epsilon_summary
 from server.ledger import ServerLedger
-from server.strategy import BudgetedFedAvg, BudgetExhausted
+from server.local import LocalDpSgd
+from server.strategy import PrivateFedAvg
 from tests.flower.metadata import set_metadata
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -39,21 +42,33 @@ def _assignment(cid: str, weight: float = 50.0) -> Assignment:
 def _strategy(tmp_path, budget=10.0, clients=("0", "1", "2"), weights=None, durable=True):
     ledger = ServerLedger(Budget(epsilon=budget, delta=1e-5), tmp_path / "state" / "ledger.json" if durable else None)
     nodes = {100 + int(c): _assignment(c, (weights or {}).get(c, 50.0)) for c in clients}
-    return BudgetedFedAvg(ledger, nodes, History(settings={}), RUN), ledger
+    return PrivateFedAvg(ledger, nodes, History(settings={}), RUN, LocalDpSgd()), ledger
 
 
-def _grid(nodes):
+MESSAGE_IDS = itertools.count()
+
+
+def _grid(nodes, respond=lambda sent: []):
+    """A grid of the online ``nodes`` that gives each message an id, as a Grid's push does,
+    and answers with ``respond(node → message sent)``."""
     grid = Mock()
     grid.get_node_ids.return_value = list(nodes)
+
+    def send_and_receive(messages, timeout=None):
+        messages = list(messages)
+        for m in messages:
+            set_metadata(m, message_id=f"m{next(MESSAGE_IDS)}")
+        return respond({m.metadata.dst_node_id: m for m in messages})
+
+    grid.send_and_receive.side_effect = send_and_receive
     return grid
 
 
-def _send(strategy, server_round=1):
-    """configure_train, then give each message an id as a Grid's push does."""
-    messages = list(strategy.configure_train(server_round, ARRAYS, ConfigRecord(), _grid(strategy.nodes)))
-    for i, m in enumerate(messages):
-        set_metadata(m, message_id=f"m{server_round}-{i}")
-    return {m.metadata.dst_node_id: m for m in messages}
+def _round(strategy, respond=lambda sent: [], server_round=1, online=None):
+    """One round answered by ``respond``: the new model's one array (None: the model stayed)."""
+    arrays = strategy.run_round(_grid(strategy.nodes if online is None else online, respond), server_round,
+                                ARRAYS, None)
+    return None if arrays is ARRAYS else next(iter(arrays.values())).numpy()
 
 
 def _reply(msg, value, events=EVENTS, entry=None, extra=None):
@@ -67,26 +82,29 @@ def _reply(msg, value, events=EVENTS, entry=None, extra=None):
     return reply
 
 
-def _aggregate(strategy, replies, server_round=1):
-    arrays, _ = strategy.aggregate_train(server_round, replies)
-    return None if arrays is None else next(iter(arrays.values())).numpy()
-
-
 def test_client_over_budget_is_not_sampled_and_the_round_is_booked_on_send(tmp_path):
     # Prepare: client "1" has already spent most of its budget
     strategy, ledger = _strategy(tmp_path, budget=BUDGET)
     with ledger.transaction() as book:
         book.record("1", "earlier", EVENTS)
-    # Execute: no reply ever comes back
-    messages = _send(strategy, 2)
+    # Execute: no reply ever comes back; what is on disk is read as the messages leave
+    seen = {}
+
+    def respond(sent):
+        seen["sent"] = sent
+        seen["on disk"] = ServerLedger(Budget(BUDGET, 1e-5), tmp_path / "state" / "ledger.json").snapshot()
+        return []
+
+    assert _round(strategy, respond, 2) is None
     # Assert: only clients 0 and 2, each with its plan, the round and the run key; both
     # are charged in the durable ledger before any reply (a lost reply still counts)
+    messages, on_disk = seen["sent"], seen["on disk"]
     assert sorted(messages) == [100, 102]
     config = messages[102].content.config_records[protocol.CONFIG]
     assert config["max-grad-norm"] == 3.0 and config[protocol.SERVER_ROUND] == 2 and config[protocol.RUN_KEY] == RUN
-    on_disk = ServerLedger(Budget(BUDGET, 1e-5), tmp_path / "state" / "ledger.json").snapshot()
     assert on_disk.entries("0") == {protocol.train_entry(RUN, 2): EVENTS}
     assert on_disk.spent("0") == pytest.approx(epsilon_of(EVENTS[0], 1e-5))
+    assert set(strategy.history.rounds[-1].failed) == {"0", "2"}
 
 
 def test_no_affordable_client_stops_the_run(tmp_path):
@@ -94,13 +112,13 @@ def test_no_affordable_client_stops_the_run(tmp_path):
     with ledger.transaction() as book:
         book.record("0", "earlier", EVENTS)
     with pytest.raises(BudgetExhausted, match="no client can afford"):
-        strategy.configure_train(2, ARRAYS, ConfigRecord(), _grid(strategy.nodes))
+        _round(strategy, server_round=2)
 
 
 def test_a_resent_round_is_not_booked_twice(tmp_path):
     strategy, ledger = _strategy(tmp_path, budget=BUDGET)
-    _send(strategy, 1)
-    _send(strategy, 1)  # a resumed run re-sends round 1 under the same entry
+    _round(strategy, server_round=1)
+    _round(strategy, server_round=1)  # a resumed run re-sends round 1 under the same entry
     assert ledger.snapshot().entries("0") == {protocol.train_entry(RUN, 1): EVENTS}
 
 
@@ -111,8 +129,7 @@ def test_a_resent_round_is_not_booked_twice(tmp_path):
 ])
 def test_non_finite_and_huge_updates_are_rejected(tmp_path, bad, reason):
     strategy, _ = _strategy(tmp_path)
-    messages = _send(strategy)
-    result = _aggregate(strategy, [_reply(messages[100], 2.0), _reply(messages[101], bad), _reply(messages[102], 2.0)])
+    result = _round(strategy, lambda sent: [_reply(sent[100], 2.0), _reply(sent[101], bad), _reply(sent[102], 2.0)])
     np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
     assert reason in strategy.history.rounds[-1].rejected["1"]
 
@@ -120,40 +137,48 @@ def test_non_finite_and_huge_updates_are_rejected(tmp_path, bad, reason):
 def test_reported_weights_are_ignored_and_the_servers_own_are_used(tmp_path):
     # A malicious client reports num-examples = 1e9 (declared 50) in an extra record
     strategy, _ = _strategy(tmp_path, clients=("0", "1"), weights={"0": 30.0, "1": 10.0})
-    messages = _send(strategy)
-    forged = _reply(messages[101], 4.0, extra={"metrics": MetricRecord({protocol.NUM_EXAMPLES: 1e9})})
-    assert _aggregate(strategy, [_reply(messages[100], 1.0), forged]) == pytest.approx([1.0] * 3)
+
+    def forged(sent):
+        return [_reply(sent[100], 1.0),
+                _reply(sent[101], 4.0, extra={"metrics": MetricRecord({protocol.NUM_EXAMPLES: 1e9})})]
+
+    assert _round(strategy, forged) == pytest.approx([1.0] * 3)
     assert "expected exactly the records" in strategy.history.rounds[-1].rejected["1"]
     # honest replies weigh by the server's own weights, 30 against 10
     strategy, _ = _strategy(tmp_path / "2", clients=("0", "1"), weights={"0": 30.0, "1": 10.0})
-    messages = _send(strategy)
-    result = _aggregate(strategy, [_reply(messages[100], 1.0), _reply(messages[101], 4.0)])
+    result = _round(strategy, lambda sent: [_reply(sent[100], 1.0), _reply(sent[101], 4.0)])
     np.testing.assert_allclose(result, np.full(3, (30 * 1.0 + 10 * 4.0) / 40))
 
 
 def test_duplicate_and_stale_replies_are_not_aggregated(tmp_path):
     strategy, _ = _strategy(tmp_path, clients=("0", "1"))
-    round1 = _send(strategy, 1)
-    _aggregate(strategy, [_reply(round1[100], 1.0), _reply(round1[101], 1.0)], 1)
-    round2 = _send(strategy, 2)
-    entry2 = protocol.train_entry(RUN, 2)
-    honest = _reply(round2[100], 2.0, entry=entry2)
-    stale = _reply(round1[101], 100.0)  # client 1's round-1 reply, delivered again in round 2
-    result = _aggregate(strategy, [honest, honest, stale], 2)  # and client 0's reply twice
+    round1 = {}
+
+    def first(sent):
+        round1.update(sent)
+        return [_reply(sent[100], 1.0), _reply(sent[101], 1.0)]
+
+    def second(sent):
+        honest = _reply(sent[100], 2.0, entry=protocol.train_entry(RUN, 2))
+        stale = _reply(round1[101], 100.0)  # client 1's round-1 reply, delivered again in round 2
+        return [honest, honest, stale]  # and client 0's reply twice
+
+    _round(strategy, first, 1)
+    result = _round(strategy, second, 2)
     np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
     assert strategy.history.rounds[-1].rejected == {"0": "duplicate reply"}
 
 
 def test_refusals_and_mismatched_events_are_not_aggregated(tmp_path):
     strategy, ledger = _strategy(tmp_path)
-    messages = _send(strategy)
-    replies = [
-        _reply(messages[100], 2.0),
-        Message(Error(code=protocol.REFUSAL_CODE, reason="over my budget"), reply_to=messages[101]),
-        _reply(messages[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),)),  # under-reports its cost
-    ]
-    set_metadata(replies[1], src_node_id=101)
-    result = _aggregate(strategy, replies)
+
+    def respond(sent):
+        refusal = Message(Error(code=protocol.REFUSAL_CODE, reason="over my budget"), reply_to=sent[101])
+        set_metadata(refusal, src_node_id=101)
+        return [_reply(sent[100], 2.0), refusal,
+                _reply(sent[102], 9.0, events=(dpsgd_event(5.0, 1.0, 3),))]  # under-reports its cost
+
+    result = _round(strategy, respond)
     np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
     log = strategy.history.rounds[-1]
     assert set(log.failed) == {"1"} and set(log.rejected) == {"2"}
@@ -163,8 +188,7 @@ def test_refusals_and_mismatched_events_are_not_aggregated(tmp_path):
 
 def test_no_accepted_update_keeps_the_model(tmp_path):
     strategy, _ = _strategy(tmp_path, clients=("0",))
-    messages = _send(strategy)
-    assert _aggregate(strategy, [_reply(messages[100], np.nan)]) is None
+    assert _round(strategy, lambda sent: [_reply(sent[100], np.nan)]) is None
 
 
 def test_a_claimed_huge_n_moves_the_shared_rate_by_a_bounded_factor():
@@ -198,16 +222,18 @@ def test_nodes_that_connect_later_join_and_a_reconnecting_client_keeps_its_ledge
 
     ledger = ServerLedger(Budget(epsilon=BUDGET, delta=1e-5))
     nodes = {100 + int(c): _assignment(c) for c in ("0", "1", "2")}
-    strategy = BudgetedFedAvg(ledger, nodes, History(settings={}), RUN, admit=admit)
+    strategy = PrivateFedAvg(ledger, nodes, History(settings={}), RUN, LocalDpSgd(), admit=admit)
     with ledger.transaction() as book:
         book.record("0", "earlier", EVENTS)  # client 0 cannot afford a second round
     # Execute
-    messages = strategy.configure_train(2, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
+    sent = {}
+    online = [101, 102, 103, 104, 105, 106]
+    _round(strategy, lambda messages: sent.update(messages) or [], 2, online)
     with pytest.raises(BudgetExhausted):  # round 2 spent every budget
-        strategy.configure_train(3, ARRAYS, ConfigRecord(), _grid([101, 102, 103, 104, 105, 106]))
+        _round(strategy, server_round=3, online=online)
     # Assert: 103 joined; 104 replaced 100 as client "0" and, being over budget, is not
     # sampled; 105 was ignored; each new node was asked once
-    assert sorted(m.metadata.dst_node_id for m in messages) == [101, 102, 103]
+    assert sorted(sent) == [101, 102, 103]
     assert {n: a.client_id for n, a in strategy.nodes.items()} == {101: "1", 102: "2", 103: "3", 104: "0"}
     assert sorted(strategy.history.clients) == ["0", "1", "2", "3"]
     assert admitted == [[103, 104, 105, 106]]
@@ -229,8 +255,7 @@ def test_a_round_of_many_clients_logs_their_epsilon_as_one_line(tmp_path):
         for count in (MANY_CLIENTS, MANY_CLIENTS + 2):
             records.clear()
             strategy, _ = _strategy(tmp_path / str(count), clients=[str(c) for c in range(count)])
-            sent = _send(strategy)
-            assert _aggregate(strategy, [_reply(m, 1.0) for m in sent.values()]) is not None
+            assert _round(strategy, lambda sent: [_reply(m, 1.0) for m in sent.values()]) is not None
             per_client = [r for r in records if r.startswith("\tclient ")]
             summarised = [r for r in records if r.startswith("\tε of the round's clients")]
             if count == MANY_CLIENTS:

@@ -72,7 +72,7 @@ def test_the_algorithms_costs_refuse_what_their_release_would(monkeypatch):
 @pytest.mark.usefixtures("task_identity")
 def test_a_node_refuses_a_linreg_request_whose_noise_would_round_away_before_booking(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr("clients.classic.client_app.load", lambda *args: read.append(args))
+    monkeypatch.setattr("clients.classic.algorithms.load", lambda *args: read.append(args))
     nodes = {i: node_config(i, 2, tmp_path, **{"epsilon-budget": 1e12, "randomness": "seeded", "seed": 1})
              for i in range(2)}
     config = {"algorithm": "linreg", "dataset": "diabetes", "seed": 0, "epsilon": 1e9, "step": 0,

@@ -1,7 +1,7 @@
 """The plan is the run (issue 37, item 1): in every privacy mode, for every model, with σ given
 or calibrated for a target ε, the planner's σ and ε after each round equal what the run's own
 setup books, read from ledgers. The run's side is built by the server's code path (``Assigner``,
-``server.run._strategy``: the local plans, ``distributed.setup``, the user-level strategies) and,
+``server.modes``: the local plans, ``distributed.setup``, the user-level mechanisms) and,
 in distributed mode, by the node's (its policy's shares, the lattice read from the round's
 config), never by the planner."""
 
@@ -20,9 +20,7 @@ from fedpriv.planning import Federation, plan
 from fedpriv.privacy import Budget, PrivacyLedger, distributed_dpsgd_event
 from server.assign import Assigner
 from server.discovery import ClientInfo
-from server.history import History
-from server.ledger import ServerLedger
-from server.run import _assigned_settings, _strategy
+from server.modes import Start, mode
 from simulations._federated import mode_policy
 
 DELTA, ROUNDS, LOT = 1e-5, 3, 30
@@ -38,10 +36,9 @@ def _run_side(config: dict) -> tuple[float, list[float], list[list[float]]]:
     node's ledger where the node books its own event) of the run's setup for ``config``."""
     settings = RunSettings.from_run_config(config)
     clients = {10 + i: ClientInfo(str(i), n) for i, n in enumerate(SIZES)}
-    assigner = Assigner(_assigned_settings(settings), clients)
+    assigner = Assigner(mode(settings).assigned_settings(settings), clients)
     nodes = assigner(clients)
-    strategy: Any = _strategy(settings, ServerLedger(Budget(math.inf, DELTA)), nodes, History(settings={}), "run-t",
-                         assigner.plan, admit=lambda grid, ids: {})
+    strategy: Any = mode(settings).mechanism(Start(settings, nodes, assigner.plan))
     smallest = min(nodes.values(), key=lambda a: a.num_examples)
     server, node = PrivacyLedger(Budget(math.inf, DELTA)), PrivacyLedger(Budget(math.inf, DELTA))
     server_eps, node_eps = [], []
@@ -51,16 +48,16 @@ def _run_side(config: dict) -> tuple[float, list[float], list[list[float]]]:
         if settings.privacy.value == "user":
             events, sigma = (strategy.booked_event(r),), strategy.noise_multiplier
         else:
-            events = strategy.round_charge(smallest, entry).events
-            sigma = (strategy.distributed.plan if settings.privacy.value == "distributed" else smallest.plan) \
+            events = strategy.charge(smallest, entry).events
+            sigma = (strategy.setup.plan if settings.privacy.value == "distributed" else smallest.plan) \
                 .noise_multiplier
         server.record(smallest.client_id, entry, events)
         server_eps.append(server.spent(smallest.client_id))
         if settings.privacy.value == "distributed":  # what a simulated node books (clients.distributed.contribute)
             policy = NodePolicy(epsilon_budget=math.inf, state_dir=Path("."), **{
                 k.replace("-", "_"): v for k, v in mode_policy(config, len(SIZES)).items()})
-            q, lattice = read_lattice(strategy.distributed.config(), assigner.plan.max_grad_norm,
-                                      strategy.distributed.lattice.dimension)
+            q, lattice = read_lattice(strategy.setup.config(), assigner.plan.max_grad_norm,
+                                      strategy.setup.lattice.dimension)
             share = lattice.noise_stddev(sigma, policy.honest_shares)
             node.record(smallest.client_id, entry, (distributed_dpsgd_event(
                 share, policy.honest_shares, lattice.sensitivity, lattice.dimension, q, 1),))

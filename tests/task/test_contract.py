@@ -71,8 +71,7 @@ def test_simulations_run_refuses_an_out_holding_results_before_the_task(write_ap
 
 @pytest.mark.parametrize(("config", "argv", "expected"), [
     ({"privacy": "distributed"}, ["--local-epochs", "2"],
-     "argument --local-epochs: --privacy distributed does not use it (only --privacy local or --privacy user) "
-     "(the app's run config's mode)"),
+     "argument --local-epochs: --privacy distributed does not use it (only --privacy local or --privacy user)"),
     ({"privacy": "user"}, ["--max-grad-norm", "2"], "argument --max-grad-norm: --privacy user (central noise)"),
     ({}, ["--limit-train", "100"], "argument --limit-train: a user's task chooses its own data"),
     ({}, ["--limit-test", "100"], "argument --limit-test: a user's task chooses its own data"),

@@ -15,16 +15,17 @@ from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedpriv.federation import protocol
 from fedpriv.federation.settings import RunSettings
 from fedpriv.privacy import Budget, GaussianEvent, SelfComposedEvent, calibrate_noise_multiplier, epsilon_of
 from fedpriv.privacy.accountants.rdp import ORDERS
 from fedpriv.privacy.userlevel import delta_noise_multiplier, participant_event, user_round_event
 from fedpriv.training import default_plan
 from server.assign import Assignment
-from server.history import History
+from server.booking import BudgetExhausted
 from server.ledger import ServerLedger
-from server.strategy import BudgetExhausted
-from server.userlevel import UserLevelFedAvg
+from server.mechanism import Booking
+from server.userlevel import UserLevel
 
 DELTA = 1e-5
 
@@ -96,14 +97,6 @@ def _dpa_rounds_epsilon(q: float, z: float, rounds: int, prior: tuple[float, ...
     return compute_epsilon(list(ORDERS), rdp, DELTA)[0]
 
 
-class _Grid:
-    def __init__(self, online):
-        self.online = online
-
-    def get_node_ids(self):
-        return sorted(self.online)
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(population=st.integers(1, 6), data=st.data(), z=st.sampled_from([0.8, 1.5, 3.0]),
        budget=st.sampled_from([2.0, 5.0, 10.0]), seed=st.integers(0, 2**31), rounds=st.integers(1, 8))
@@ -119,14 +112,14 @@ def test_over_random_cohorts_no_client_passes_its_budget_and_every_affordable_on
     plan = default_plan("mnist").non_private()
     nodes = {100 + c: Assignment(str(c), 60, plan, 60.0) for c in range(population)}
     config = {"privacy": "user", "cohort": cohort, "noise-multiplier": z, "seed": seed, "server-randomness": "seeded"}
-    strategy = UserLevelFedAvg(RunSettings.from_run_config(config), ledger, nodes, History(settings={}), "run-x",
-                               seed=seed)
+    mechanism = UserLevel(RunSettings.from_run_config(config), nodes, seed=seed)
     q = cohort / population
     ran = 0
     for r in range(1, rounds + 1):
         online = {n for n in nodes if data.draw(st.booleans(), label=f"online {n} {r}")}
         try:
-            sampled = strategy._sample_and_book(r, _Grid(online), evaluate=False)
+            with ledger.transaction() as book:
+                sampled = mechanism.book(Booking(book, nodes, protocol.train_entry("run-x", r), r, frozenset(online)))
         except BudgetExhausted:
             break
         ran = r

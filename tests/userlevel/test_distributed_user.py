@@ -19,7 +19,6 @@ from flwr.app import Message, RecordDict
 import clients.userlevel_distributed as node_side
 from clients.client_app import app as real_app
 from clients.secure_sum import answer_stage, is_secure_sum
-from fedpriv.federation import protocol
 from fedpriv.models import build_model
 from fedpriv.privacy import PrivacyLedger
 from fedpriv.privacy.accountants.rdp import ORDERS
@@ -242,9 +241,8 @@ HONEST, SYBILS = 3, 2
 
 def _noiseless(msg: Message, context, stage) -> tuple[Vector, RecordDict]:
     """The server's node's vector: zeros, under the round's settings as the honest nodes compute them."""
-    config = msg.content.config_records[protocol.CONFIG]
-    _, settings = node_side.user_encoding(node_side.read_user_round(msg, context), config, stage, None)
-    return Vector(np.zeros(stage.dimension, dtype=np.uint64), settings), RecordDict()
+    request, _ = node_side.parse_delta(msg, context, stage)  # checked as an honest node checks it; nothing booked
+    return Vector(np.zeros(stage.dimension, dtype=np.uint64), request.settings), RecordDict()
 
 
 def _sybil_app(honest: int):
@@ -315,7 +313,7 @@ def test_a_node_without_allow_distributed_refuses_and_books_nothing(tmp_path, sh
 
 @pytest.mark.parametrize(("extra", "message"), [({"clip-quantile": 0.5, "noise-multiplier": -1, "target-epsilon": 3.0},
                                                   "needs noise-multiplier"),
-                                                 ({"privacy": "local"}, "needs privacy = 'user'")])
+                                                 ({"privacy": "local"}, "privacy = 'local' does not use it")])
 def test_a_calibrated_adaptive_or_a_record_level_mode_with_distributed_user_noise_is_refused(extra, message):
     from fedpriv.federation.settings import RunSettings, SettingsError
 
@@ -353,7 +351,8 @@ def test_the_planners_distributed_user_level_column_is_dp_accountings_gaussian_a
 
 
 def test_the_simulations_flag_gives_its_nodes_allow_distributed_and_half_the_cohort_not_central_trust(tmp_path):
-    from simulations._federated import build_parser, run_config_overrides, simulated_node_policy
+    from simulations._federated import build_parser, simulated_node_policy
+    from simulations._run_config import run_config_overrides
 
     args = build_parser("mnist").parse_args(["--clients", "100", "--privacy", "user", "--user-noise", "distributed",
                                              "--cohort", "21", "--noise-multiplier", "1.0"])
@@ -370,11 +369,11 @@ def test_a_round_config_whose_vector_the_secure_sum_cannot_take_is_refused_befor
     """A server that names σ_b (a bit coordinate) in a secure sum of d coordinates: each node
     refuses before it books, instead of booking and then failing."""
     from fedpriv.federation import userlevel
-    from server.userlevel_distributed import DistributedUserLevelFedAvg
+    from server.userlevel_distributed import DistributedUserLevel
 
-    honest = DistributedUserLevelFedAvg.train_config
-    monkeypatch.setattr(DistributedUserLevelFedAvg, "train_config",
-                        lambda self, r: {**honest(self, r), userlevel.COUNT_NOISE: COUNT_NOISE})
+    honest = DistributedUserLevel.train_config
+    monkeypatch.setattr(DistributedUserLevel, "train_config",
+                        lambda self, rnd, a: {**honest(self, rnd, a), userlevel.COUNT_NOISE: COUNT_NOISE})
     nodes = 3
     config = _run_config(shared_data_dir, tmp_path, nodes, nodes, 1)
     configs = {10 + i: node_config(i, nodes, tmp_path, **_policy(shared_data_dir, i)) for i in range(nodes)}

@@ -161,16 +161,14 @@ def test_target_epsilon_prices_the_count_only_rounds(tmp_path):
     composed with the R − W training rounds (σ_b = m/20: the run's max(m/20, z) is no less)."""
     import dp_accounting as dpa
 
-    from server.userlevel import UserLevelFedAvg
+    from server.userlevel import calibrated_noise
 
     population, cohort, rounds, warmup, target, delta = 200, 40, 30, 10, 3.0, 1e-5
     settings = RunSettings.from_run_config({"privacy": "user", "cohort": cohort, "rounds": rounds,
                                             "target-epsilon": target, "delta": delta, "clip-quantile": 0.5,
                                             "clip-warmup-rounds": warmup})
     q, count_noise = cohort / population, cohort / 20
-    strategy = UserLevelFedAvg.__new__(UserLevelFedAvg)
-    strategy.sample_rate, strategy.expected_cohort = q, cohort
-    z = strategy.calibrated_noise(settings)
+    z = calibrated_noise(settings, q, cohort)
 
     def epsilon(noise):
         accountant = dpa.rdp.RdpAccountant()
@@ -201,7 +199,7 @@ def test_the_planners_user_column_prices_the_count_only_rounds_as_the_server_doe
     at a fixed z include the count rounds."""
     import dp_accounting as dpa
 
-    from server.userlevel import UserLevelFedAvg
+    from server.userlevel import calibrated_noise
 
     population, cohort, rounds, warmup, target, delta = 200, 40, 30, 10, 3.0, 1e-5
     planned = plan(Federation(population=population, cohort=cohort, rounds=rounds, delta=delta,
@@ -209,10 +207,8 @@ def test_the_planners_user_column_prices_the_count_only_rounds_as_the_server_doe
     settings = RunSettings.from_run_config({"privacy": "user", "cohort": cohort, "rounds": rounds,
                                             "target-epsilon": target, "delta": delta, "clip-quantile": 0.5,
                                             "clip-warmup-rounds": warmup})
-    strategy = UserLevelFedAvg.__new__(UserLevelFedAvg)
-    strategy.sample_rate, strategy.expected_cohort = cohort / population, cohort
     z = planned["noise_multiplier"]
-    assert z == strategy.calibrated_noise(settings)
+    assert z == calibrated_noise(settings, cohort / population, cohort)
     q, count_noise = cohort / population, max(cohort / 20, z)
     for r in (1, warmup, warmup + 1, rounds):
         accountant = dpa.rdp.RdpAccountant()
