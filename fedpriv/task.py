@@ -311,7 +311,8 @@ def check_model_fits(task: Task, model: nn.Module, data: TensorPair) -> None:
 @torch.no_grad()
 def evaluate_task(task: Task, model: nn.Module, data: TensorPair, batch_size: int = 1024) -> tuple[float, float]:
     """(mean loss, accuracy) of ``model`` on ``data``: the task's ``loss``, and its metrics'
-    ``"accuracy"`` where it defines ``metrics``, else the argmax's."""
+    ``"accuracy"`` where it defines ``metrics``, else ``argmax_correct``'s (the rule of the
+    nodes' noisy evaluation)."""
     model.eval()
     device = next(model.parameters()).device
     outputs = torch.cat([model(data.features[i:i + batch_size].to(device))
@@ -320,7 +321,16 @@ def evaluate_task(task: Task, model: nn.Module, data: TensorPair, batch_size: in
     loss = float(task.loss(outputs, labels))
     if task.metrics is not None:
         return loss, float(_call(task, "metrics", outputs, labels).get("accuracy", math.nan))
-    return loss, float((outputs.argmax(dim=1) == labels).double().mean())
+    return loss, float(argmax_correct(outputs, labels).double().mean())
+
+
+def argmax_correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each record's correctness for a task without ``metrics``: its argmax is its class,
+    where the targets are integer classes of (B, classes) outputs; else none is correct (a
+    regression's float targets have no argmax to match: define ``metrics`` for its accuracy)."""
+    if outputs.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point():
+        return outputs.argmax(dim=1) == targets
+    return torch.zeros(len(targets), dtype=torch.bool, device=outputs.device)
 
 
 def partition_key() -> int:

@@ -1,5 +1,6 @@
 """Fixtures of the task tests: user apps written on the fly, each imported apart."""
 
+import pathlib
 import sys
 import textwrap
 
@@ -31,7 +32,7 @@ def write_app(tmp_path):
 
     path, modules = list(sys.path), set(sys.modules)
 
-    def write(source: str = GOOD, name: str = "app", config: dict | None = None) -> "pathlib.Path":  # noqa: F821
+    def write(source: str = GOOD, name: str = "app", config: dict | None = None) -> pathlib.Path:
         app = tmp_path / name
         (app / "data").mkdir(parents=True)
         (app / "task.py").write_text(textwrap.dedent(source))

@@ -141,3 +141,30 @@ def test_a_run_config_limiting_a_tasks_data_is_refused_by_every_party(key):
     with pytest.raises(SettingsError, match=f"^{key}: a user's task chooses its own data"):
         RunSettings.from_run_config({"task": "task", key: 100})
     assert RunSettings.from_run_config({"task": "task", key: 0}).task == "task"  # 0: unset (pyproject's default)
+
+
+def test_the_servers_accuracy_of_a_task_without_metrics_counts_argmax_hits_of_classes_only():
+    """A classifier's accuracy is its argmax hits; a regression's float (B, 1) targets have no
+    argmax to match, so none is correct (broadcast against the (B,) argmax they used to count
+    a B × B table of chance matches)."""
+    import types
+
+    import torch.nn.functional as F
+
+    from fedpriv.data import TensorPair
+    from fedpriv.task import Task, evaluate_task
+
+    classifier = Task("app", "task", types.ModuleType("task"))
+    logits = torch.nn.Linear(2, 2)
+    x = torch.randn(40, 2)
+    y = logits(x).argmax(dim=1).detach()
+    y[:10] = 1 - y[:10]  # 30 of 40 right
+    assert evaluate_task(classifier, logits, TensorPair(x, y))[1] == pytest.approx(0.75)
+
+    module = types.ModuleType("task")
+    module.loss = F.mse_loss
+    regression = Task("app", "task", module)
+    line = torch.nn.Linear(2, 1)
+    targets = torch.zeros(40, 1)  # argmax of (40, 1) outputs is 0 everywhere: all "right" when broadcast
+    loss, accuracy = evaluate_task(regression, line, TensorPair(x, targets))
+    assert accuracy == 0.0 and loss == pytest.approx(float(F.mse_loss(line(x), targets)))
