@@ -38,7 +38,7 @@ from fedpriv.federation.policy import LOSS_CLIP
 from fedpriv.federation.releases import RecordScores, classification_scores, noisy_evaluation
 from fedpriv.node import checked_policy
 from fedpriv.privacy.charge import Charge
-from fedpriv.task import Task
+from fedpriv.task import Task, argmax_correct
 
 LOSS_CLIP_KEY = "loss-clip"
 """The EVALUATE config's optional bound L on a record's loss (default ``LOSS_CLIP``)."""
@@ -70,9 +70,7 @@ def task_scores(task: Task) -> RecordScores:
             hits = [float(metrics(outputs[i:i + 1], targets[i:i + 1]).get("accuracy", 0.0)) >= 0.5
                     for i in range(len(targets))]
             return losses, torch.tensor(hits, dtype=torch.bool, device=outputs.device)
-        if outputs.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point():
-            return losses, outputs.argmax(dim=1) == targets
-        return losses, torch.zeros(len(targets), dtype=torch.bool, device=outputs.device)
+        return losses, argmax_correct(outputs, targets)
 
     return scores
 

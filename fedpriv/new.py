@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedpriv.project import run_config_defaults
+from fedpriv.federation.settings_docs import config_section, toml_value
 from fedpriv.templates import TEMPLATES
 
 TASK_MODULE = "task"
@@ -40,36 +39,22 @@ def new_app(app_dir: Path, template: str) -> Path:
 
 def pyproject(name: str, config: Mapping[str, Any]) -> str:
     """The app's pyproject.toml: fedpriv's apps and run config, ``config`` over its defaults."""
-    values = {**run_config_defaults(), **config}
-    unknown = sorted(set(config) - set(run_config_defaults()) - {"task"})
-    if unknown:
-        raise ValueError(f"not fedpriv run-config keys: {', '.join(unknown)}")
     lines = [
         "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
-        "[project]", f"name = {_toml(_package_name(name))}", 'version = "1.0.0"',
+        "[project]", f"name = {toml_value(_package_name(name))}", 'version = "1.0.0"',
         'description = "A fedpriv app: your model and data under differential privacy"',
         'dependencies = ["fedpriv"]', "",
         "[tool.hatch.build.targets.wheel]", 'packages = ["."]', "",
         "[tool.flwr.app]", 'publisher = "you"', "",
         "[tool.flwr.app.components]", 'serverapp = "server.server_app:app"', 'clientapp = "clients.client_app:app"', "",
-        "# fedpriv's run config (docs/federated.md, docs/own-task.md); task names your task module.",
-        "[tool.flwr.app.config]",
-        *(f"{key} = {_toml(value)}" for key, value in values.items()),
     ]
-    return "\n".join(lines) + "\n"
+    header = ("# fedpriv's run config (docs/federated.md, docs/own-task.md); task names your task module.",)
+    return "\n".join(lines) + "\n" + config_section(config, header)
 
 
 def _package_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     return cleaned or "fedpriv-app"
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string
 
 
 def readme(name: str, template: str) -> str:

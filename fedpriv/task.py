@@ -15,9 +15,10 @@ here is checked before anything is booked or started (``check_task``); each fail
 ``TaskError`` line naming the app, the function and what was expected. ``data_dir`` is
 always the caller's own folder: a node's policy's, never one the server names.
 
-A ``TensorDataset`` of (x, y) is taken as it is (the fast path); any other data set's
-items are read once and stacked into tensors, which the DP-SGD engine indexes by its
-Poisson lots (so the data set must fit in memory).
+A ``TensorDataset`` of (x, y) is taken as it is (the fast path); any other train set is
+read once to check its items, then the DP-SGD engine draws its Poisson lots as indices
+and fetches only those items (``fedpriv.dpsgd.items``), so it need not fit in memory; a
+test set is read into memory.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpriv.data import TensorPair
+from fedpriv.dpsgd.items import ItemFeatures
 from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model
 from fedpriv.dpsgd.per_example import LossFn
 from fedpriv.dpsgd.recurrent import fix_recurrent
@@ -102,7 +104,8 @@ class Task:
     def load(self, partition_id: int, num_partitions: int, data_dir: Path,
              partition_key: int = 0) -> tuple[TensorPair, TensorPair]:
         """(train, test) of ``load_data(partition_id, num_partitions, data_dir)`` as tensors,
-        every item checked; ``partition_key``: the node policy's, read by ``keyed_share``."""
+        every item checked (``as_tensors``; the train set's features fetched lot by lot unless
+        it is a ``TensorDataset``); ``partition_key``: the node policy's, read by ``keyed_share``."""
         token = _PARTITION_KEY.set(partition_key)
         try:
             result = _call(self, "load_data", partition_id, num_partitions, Path(data_dir))
@@ -111,7 +114,8 @@ class Task:
         where = self.where("load_data")
         if not (isinstance(result, tuple | list) and len(result) == 2):
             raise TaskError(f"{where} must return (train, test), two data sets; got {_kind(result)}")
-        train, test = as_tensors(result[0], f"{where}'s train set"), as_tensors(result[1], f"{where}'s test set")
+        train = as_tensors(result[0], f"{where}'s train set", lazy=True)  # lots fetch their items
+        test = as_tensors(result[1], f"{where}'s test set")
         if train.features.shape[1:] != test.features.shape[1:] or train.labels.shape[1:] != test.labels.shape[1:]:
             raise TaskError(f"{where}'s train and test items must have one shape; got x {_shape(train.features)} "
                             f"and {_shape(test.features)}")
@@ -185,51 +189,77 @@ def _check_app_module(name: str) -> None:
         raise ImportError(f"{name!r} is not a module of the app (it is part of the Python installation)")
 
 
-def as_tensors(data: Any, what: str) -> TensorPair:
+def as_tensors(data: Any, what: str, lazy: bool = False) -> TensorPair:
     """A map-style data set of (x, y) items as (features, labels) tensors, every item checked:
     a tensor ``x`` of one shape, a ``y`` that is an integer (int64 labels) or a tensor of one
-    shape; at least one item. A ``TensorDataset`` of two tensors is taken as it is."""
+    shape; at least one item. A ``TensorDataset`` of two tensors is taken as it is (the fast
+    path). Any other data set is read once, item by item; its x are stacked, or with ``lazy``
+    left in it: the features are ``ItemFeatures``, which fetch a lot's items when indexed
+    (``fedpriv.dpsgd.items``), so the data set need not fit in memory (its labels are held)."""
     tensors = getattr(data, "tensors", None)
     if isinstance(tensors, tuple) and len(tensors) == 2 and all(isinstance(t, torch.Tensor) for t in tensors):
         features, labels = tensors
+        if features.is_floating_point() and not bool(features.isfinite().all()):
+            raise TaskError(f"{what}: x holds a NaN or infinite value")
     else:
         if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             raise TaskError(f"{what} must be a map-style data set (__len__ and __getitem__), got {_kind(data)}")
-        items = [data[i] for i in range(len(data))]
-        if not items:
-            raise TaskError(f"{what} is empty: a data set holds at least one (x, y) item")
-        xs, ys = zip(*(_item(item, i, what) for i, item in enumerate(items)), strict=True)
-        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            if x.shape != xs[0].shape or x.dtype != xs[0].dtype or y.shape != ys[0].shape:
-                raise TaskError(f"{what}: item {i} is x {_shape(x)}, y {_shape(y)}; item 0 was x {_shape(xs[0])}, "
-                                f"y {_shape(ys[0])}: every item must have one shape")
-        features, labels = torch.stack(xs), torch.stack(ys)
+        features, labels = _read_items(data, what, lazy)
     if len(features) != len(labels) or len(features) == 0:
         raise TaskError(f"{what} must hold at least one (x, y) item and as many y as x; got {len(features)} x, "
                         f"{len(labels)} y")
-    if not (features.is_floating_point() or features.dtype in _INTEGERS):
+    if not (features.dtype.is_floating_point or features.dtype in _INTEGERS):
         raise TaskError(f"{what}: x must be a float or integer tensor, got {features.dtype}")
     if not (labels.is_floating_point() or labels.dtype in _INTEGERS):
         raise TaskError(f"{what}: y must be an integer class (or a float tensor), got {labels.dtype}")
-    if features.is_floating_point() and not bool(features.isfinite().all()):
-        raise TaskError(f"{what}: x holds a NaN or infinite value")
     return TensorPair(features, labels.long() if labels.dtype in _INTEGERS else labels)
 
 
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _item(item: Any, index: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(item, tuple | list) and len(item) == 2):
-        raise TaskError(f"{what}: item {index} must be a pair (x, y), got {_kind(item)}")
-    x, y = item
+def _read_items(data: Any, what: str, lazy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every item of ``data`` read once and checked (a pair, one shape, a finite x); the
+    stacked (x, y), or with ``lazy`` (``ItemFeatures``, y): no x is kept."""
+    first: tuple[torch.Tensor, torch.Tensor] | None = None
+    xs, ys = [], []
+    for i in range(len(data)):
+        x, y = _item(data[i], i, what)
+        if first is None:
+            first = x, y
+        elif x.shape != first[0].shape or x.dtype != first[0].dtype or y.shape != first[1].shape:
+            raise TaskError(f"{what}: item {i} is x {_shape(x)}, y {_shape(y)}; item 0 was x {_shape(first[0])}, "
+                            f"y {_shape(first[1])}: every item must have one shape")
+        if x.is_floating_point() and not bool(x.isfinite().all()):
+            raise TaskError(f"{what}: item {i}'s x holds a NaN or infinite value")
+        ys.append(y)
+        if not lazy:
+            xs.append(x)
+    if first is None:
+        raise TaskError(f"{what} is empty: a data set holds at least one (x, y) item")
+    labels = torch.stack(ys)
+    if not lazy:
+        return torch.stack(xs), labels
+    items = ItemFeatures(data, torch.Size((len(ys), *first[0].shape)), first[0].dtype,
+                         lambda x, i: _x(x, i, what))
+    return cast(torch.Tensor, items), labels  # it stands in for the tensor (fedpriv.dpsgd.items)
+
+
+def _x(x: Any, index: int, what: str) -> torch.Tensor:
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if not isinstance(x, torch.Tensor):
         raise TaskError(f"{what}: item {index}'s x must be a tensor (or a NumPy array), got {_kind(x)}")
+    return x
+
+
+def _item(item: Any, index: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(item, tuple | list) and len(item) == 2):
+        raise TaskError(f"{what}: item {index} must be a pair (x, y), got {_kind(item)}")
+    x, y = item
     if isinstance(y, bool) or not isinstance(y, int | float | np.integer | np.floating | torch.Tensor | np.ndarray):
         raise TaskError(f"{what}: item {index}'s y must be an integer class or a tensor, got {_kind(y)}")
-    return x, torch.as_tensor(y)
+    return _x(x, index, what), torch.as_tensor(y)
 
 
 def check_task(task: Task, data_dir: Path, seed: int = 0, num_partitions: int = 1,
@@ -281,7 +311,8 @@ def check_model_fits(task: Task, model: nn.Module, data: TensorPair) -> None:
 @torch.no_grad()
 def evaluate_task(task: Task, model: nn.Module, data: TensorPair, batch_size: int = 1024) -> tuple[float, float]:
     """(mean loss, accuracy) of ``model`` on ``data``: the task's ``loss``, and its metrics'
-    ``"accuracy"`` where it defines ``metrics``, else the argmax's."""
+    ``"accuracy"`` where it defines ``metrics``, else ``argmax_correct``'s (the rule of the
+    nodes' noisy evaluation)."""
     model.eval()
     device = next(model.parameters()).device
     outputs = torch.cat([model(data.features[i:i + batch_size].to(device))
@@ -290,7 +321,16 @@ def evaluate_task(task: Task, model: nn.Module, data: TensorPair, batch_size: in
     loss = float(task.loss(outputs, labels))
     if task.metrics is not None:
         return loss, float(_call(task, "metrics", outputs, labels).get("accuracy", math.nan))
-    return loss, float((outputs.argmax(dim=1) == labels).double().mean())
+    return loss, float(argmax_correct(outputs, labels).double().mean())
+
+
+def argmax_correct(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each record's correctness for a task without ``metrics``: its argmax is its class,
+    where the targets are integer classes of (B, classes) outputs; else none is correct (a
+    regression's float targets have no argmax to match: define ``metrics`` for its accuracy)."""
+    if outputs.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point():
+        return outputs.argmax(dim=1) == targets
+    return torch.zeros(len(targets), dtype=torch.bool, device=outputs.device)
 
 
 def partition_key() -> int:

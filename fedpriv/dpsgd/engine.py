@@ -10,7 +10,9 @@ CSPRNG and no generator is passed.  The buffer is one
 flat tensor allocated per call, not per step: fresh parameter-sized tensors every step
 cost page faults that were measured at ~2 ms a step for the 795k-parameter MLP on CPU.
 An empty lot still takes a step (pure noise).  The report carries
-``dpsgd_event(σ, q, steps)``, the whole privacy cost of the call.
+``dpsgd_event(σ, q, steps)``, the whole privacy cost of the call.  A lot is indices into
+the features: an in-memory tensor (the fast path) or a map-style data set's ``ItemFeatures``,
+of which each micro-batch fetches only its own items (``items``).
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from fedpriv.dpsgd.batch import batch_gradient_sum, is_plain
 from fedpriv.dpsgd.bookkeeping import bookkeeping_clipped_sum, supports_bookkeeping
 from fedpriv.dpsgd.clipping import ClippedSumFn
 from fedpriv.dpsgd.config import DPSGDConfig, GradSampleMode
+from fedpriv.dpsgd.items import ItemFeatures
 from fedpriv.dpsgd.modules import UnsupportedModuleError, check_model, model_device, trainable_parameters
 from fedpriv.dpsgd.noise import fill_gaussian_noise_
 from fedpriv.dpsgd.per_example import LossFn, vmap_clipped_sum
 from fedpriv.dpsgd.sampling import micro_batches, poisson_lot, secure_poisson_lot
 from fedpriv.dpsgd.static import static_sums
 from fedpriv.privacy.events import DpEvent, dpsgd_event
+
+Features = torch.Tensor | ItemFeatures
+"""The (N, ...) features of ``train_dpsgd``: in memory, or fetched lot by lot (``items``)."""
 
 STAGES = (LOT, NOISE, CLIPPED_SUM, UPDATE) = ("dpsgd.lot", "dpsgd.noise", "dpsgd.clipped_sum", "dpsgd.update")
 """Each step's stages as labelled for ``torch.profiler`` (where the time goes: ``benchmarks.dpsgd``)."""
@@ -63,7 +69,7 @@ class TrainReport:
 
 def train_dpsgd(
     model: nn.Module,
-    features: torch.Tensor,
+    features: Features,
     labels: torch.Tensor,
     *,
     config: DPSGDConfig,
@@ -79,7 +85,8 @@ def train_dpsgd(
 ) -> TrainReport:
     """Run ``steps`` DP-SGD steps on ``model`` (put in train mode) over (features, labels).
 
-    ``features``/``labels`` live on the model's device, as do both generators.
+    ``features``/``labels`` live on the model's device, as do both generators; ``features``
+    may be a map-style data set's ``ItemFeatures`` (each micro-batch fetched; eager steps).
     ``loss_fn(outputs, targets)`` must return the mean per-example loss of a batch.
     Generators: with ``config.secure_mode``, none (lots and noise come from the OS CSPRNG;
     passing one is an error, not a silent downgrade); otherwise ``sampling_generator``, and
@@ -108,7 +115,8 @@ def train_dpsgd(
     loss_total = torch.zeros((), device=features.device)
     examples_seen = 0
     with clipped_sum_function(model, params, loss_fn, config) as clipped_sum:
-        if augment is None and use_static_shapes(static_shapes, config, features.device):
+        if augment is None and isinstance(features, torch.Tensor) and use_static_shapes(static_shapes, config,
+                                                                                        features.device):
             sums = static_sums(model, params, features, labels, config, loss_fn)
             flat, grads = sums.flat, sums.grads
             lot_sum = sums.lot_sum(clipped_sum, config.max_physical_batch_size)
@@ -207,7 +215,7 @@ def gradient_buffers(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, lis
 
 def add_clipped_sums_(
     clipped_sum: ClippedSumFn,
-    features: torch.Tensor,
+    features: Features,
     labels: torch.Tensor,
     lot: torch.Tensor,
     into: Sequence[torch.Tensor],
@@ -225,10 +233,11 @@ def add_clipped_sums_(
 
 
 def examples_at(
-    features: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+    features: Features, labels: torch.Tensor, indices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The examples at ``indices`` (ascending, distinct): all of them as they are, uncopied."""
-    if len(indices) == len(features):
+    """The examples at ``indices`` (ascending, distinct): all of an in-memory tensor as they
+    are, uncopied; of ``ItemFeatures``, those items alone, fetched now."""
+    if len(indices) == len(features) and isinstance(features, torch.Tensor):
         return features, labels
     return features[indices], labels[indices]
 
@@ -254,7 +263,7 @@ def _divisor(expected_lot_size: float | None, default: float) -> float:
 
 def _check_inputs(
     params: dict[str, torch.Tensor],
-    features: torch.Tensor,
+    features: Features,
     labels: torch.Tensor,
     steps: int,
     sampling_generator: torch.Generator | None,

@@ -183,6 +183,10 @@ class _Settings:
             raise SettingsError(f"task must name a Python module of the app (e.g. \"task\"), got {self.task!r}")
         if self.task is not None and self.model is not None:
             raise SettingsError("task: a user's task brings its own model() (leave model unset)")
+        for key, limit in (("limit-train", self.limit_train), ("limit-test", self.limit_test)):
+            if self.task is not None and limit is not None:
+                raise SettingsError(f"{key}: a user's task chooses its own data (its load_data, on each node's "
+                                    "own folder): leave it unset, and take fewer items in load_data")
         if self.target_epsilon is not None and self.noise_multiplier is not None:
             raise SettingsError("give target-epsilon or noise-multiplier, not both")
         if self.resume and not self.state_dir:

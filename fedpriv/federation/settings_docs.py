@@ -10,7 +10,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from fedpriv.federation import modes
@@ -40,9 +40,18 @@ def default_text(key: Key) -> str:
     return toml_value(key.default)
 
 
-def config_section() -> str:
-    """``[tool.flwr.app.config]``: every key at its default, commented with its help."""
-    lines = ["# Written by python -m fedpriv.federation.settings_docs from fedpriv/federation/settings.py: edit there.",
+GENERATED = (
+    "# Written by python -m fedpriv.federation.settings_docs from fedpriv/federation/settings.py: edit there.",
+)
+
+
+def config_section(values: Mapping[str, object] | None = None, header: Iterable[str] = GENERATED) -> str:
+    """``[tool.flwr.app.config]``: every key at its default (or its value in ``values``),
+    commented with its help, under the comment lines ``header``."""
+    values = dict(values or {})
+    if unknown := sorted(set(values) - set(KEYS)):
+        raise ValueError(f"not fedpriv run-config keys: {', '.join(unknown)}")
+    lines = [*header,
              "# TOML has no null: an unset value is spelled as the comment says (0, \"\", or -1 for noise-multiplier).",
              "# Keys in brackets are used by those privacy modes only; another value in another mode is an error.",
              SECTION]
@@ -50,7 +59,7 @@ def config_section() -> str:
         key = KEYS[name]
         used = "" if modes.named(used_by(name)) == "all" else f"[{modes.named(used_by(name))}] "
         unset = f" ({toml_value(key.unset_as)}: {key.unset})" if key.default is None else ""
-        lines.append(f"{name} = {toml_value(key.toml_default)}  # {used}{key.help}{unset}")
+        lines.append(f"{name} = {toml_value(values.get(name, key.toml_default))}  # {used}{key.help}{unset}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
 """Fixtures of the task tests: user apps written on the fly, each imported apart."""
 
+import pathlib
 import sys
 import textwrap
 
@@ -24,18 +25,18 @@ def load_data(partition_id, num_partitions, data_dir):
 
 @pytest.fixture
 def write_app(tmp_path):
-    """``write_app(source, name)``: an app folder holding ``task.py`` = ``source`` and a
-    pyproject.toml naming it (fedpriv's run-config defaults); the module cache and
-    ``sys.path`` are restored after the test."""
+    """``write_app(source, name, config)``: an app folder holding ``task.py`` = ``source`` and a
+    pyproject.toml naming it (fedpriv's run-config defaults, ``config`` over them); the
+    module cache and ``sys.path`` are restored after the test."""
     from fedpriv.new import pyproject
 
     path, modules = list(sys.path), set(sys.modules)
 
-    def write(source: str = GOOD, name: str = "app") -> "pathlib.Path":  # noqa: F821
+    def write(source: str = GOOD, name: str = "app", config: dict | None = None) -> pathlib.Path:
         app = tmp_path / name
         (app / "data").mkdir(parents=True)
         (app / "task.py").write_text(textwrap.dedent(source))
-        (app / "pyproject.toml").write_text(pyproject(name, {"task": "task"}))
+        (app / "pyproject.toml").write_text(pyproject(name, {"task": "task", **(config or {})}))
         return app
 
     yield write
@@ -44,3 +45,17 @@ def write_app(tmp_path):
         if name == "task" or name.startswith("_fedpriv_task_"):
             del sys.modules[name]
     task_module._load_task.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def template_apps(tmp_path_factory) -> dict:
+    """``python -m fedpriv new`` of each template, once for the session's tests that run them
+    (they only read the apps: each run writes to its own --out)."""
+    from fedpriv.__main__ import main as fedpriv_main
+    from fedpriv.templates import TEMPLATES
+
+    root = tmp_path_factory.mktemp("templates")
+    apps = {template: fedpriv_main(["new", str(root / template), "--template", template]) for template in TEMPLATES}
+    for app in apps.values():
+        assert (app / "task.py").is_file() and 'task = "task"' in (app / "pyproject.toml").read_text()
+    return apps

@@ -69,6 +69,27 @@ def test_simulations_run_refuses_an_out_holding_results_before_the_task(write_ap
     assert exit_.value.code == 2 and err.count("\n") == 1 and "argument --out: " in err and "app myapp" not in err
 
 
+@pytest.mark.parametrize(("config", "argv", "expected"), [
+    ({"privacy": "distributed"}, ["--local-epochs", "2"],
+     "argument --local-epochs: --privacy distributed does not use it (only --privacy local or --privacy user)"),
+    ({"privacy": "user"}, ["--max-grad-norm", "2"], "argument --max-grad-norm: --privacy user (central noise)"),
+    ({}, ["--limit-train", "100"], "argument --limit-train: a user's task chooses its own data"),
+    ({}, ["--limit-test", "100"], "argument --limit-test: a user's task chooses its own data"),
+])
+def test_simulations_run_checks_flags_against_the_apps_own_run_config(write_app, config, argv, expected, tmp_path,
+                                                                     capsys):
+    """A flag is checked against the mode the app's pyproject.toml sets (not fedpriv's default
+    local mode); ``--limit-train``/``--limit-test`` are refused for a task (its ``load_data``
+    chooses its data): each one line, exit 2, nothing written."""
+    app, out = write_app(config=config, name="myapp"), tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        run_command.main(["--app", str(app), "--clients", "2", "--rounds", "1", "--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m simulations.run: error: {expected}"), err
+    assert not out.exists()
+
+
 def test_an_app_without_a_task_is_refused(tmp_path, capsys):
     (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nrounds = 1\n")
     with pytest.raises(SystemExit) as exit_:
@@ -108,3 +129,42 @@ def test_the_model_is_seeded_and_leaves_the_callers_random_state(write_app):
 def test_a_run_config_cannot_make_a_node_import_an_installed_module(name):
     with pytest.raises(TaskError, match="does not import: ImportError: .* not a module of the app"):
         load_task(name)
+
+
+@pytest.mark.parametrize("key", ["limit-train", "limit-test"])
+def test_a_run_config_limiting_a_tasks_data_is_refused_by_every_party(key):
+    """The apps (server and nodes, also under flwr run) parse the run config with RunSettings:
+    a limit on a task's data, which its load_data chooses, is refused, not ignored."""
+    from fedpriv.federation.settings import RunSettings, SettingsError
+
+    RunSettings.from_run_config({key: 100})  # the built-in data sets: the first 100 records
+    with pytest.raises(SettingsError, match=f"^{key}: a user's task chooses its own data"):
+        RunSettings.from_run_config({"task": "task", key: 100})
+    assert RunSettings.from_run_config({"task": "task", key: 0}).task == "task"  # 0: unset (pyproject's default)
+
+
+def test_the_servers_accuracy_of_a_task_without_metrics_counts_argmax_hits_of_classes_only():
+    """A classifier's accuracy is its argmax hits; a regression's float (B, 1) targets have no
+    argmax to match, so none is correct (broadcast against the (B,) argmax they used to count
+    a B × B table of chance matches)."""
+    import types
+
+    import torch.nn.functional as F
+
+    from fedpriv.data import TensorPair
+    from fedpriv.task import Task, evaluate_task
+
+    classifier = Task("app", "task", types.ModuleType("task"))
+    logits = torch.nn.Linear(2, 2)
+    x = torch.randn(40, 2)
+    y = logits(x).argmax(dim=1).detach()
+    y[:10] = 1 - y[:10]  # 30 of 40 right
+    assert evaluate_task(classifier, logits, TensorPair(x, y))[1] == pytest.approx(0.75)
+
+    module = types.ModuleType("task")
+    module.loss = F.mse_loss
+    regression = Task("app", "task", module)
+    line = torch.nn.Linear(2, 1)
+    targets = torch.zeros(40, 1)  # argmax of (40, 1) outputs is 0 everywhere: all "right" when broadcast
+    loss, accuracy = evaluate_task(regression, line, TensorPair(x, targets))
+    assert accuracy == 0.0 and loss == pytest.approx(float(F.mse_loss(line(x), targets)))

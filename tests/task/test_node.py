@@ -1,7 +1,8 @@
 """A user's task through fedpriv's real ServerApp and ClientApp, in process (no Ray): each
-privacy mode trains the tabular template with every node's ε, by its own durable ledger,
-within its budget; a broken task is refused by every node before it books anything; a
-node evaluates a task by its own loss and metrics (``clients.evaluation``)."""
+privacy mode (local, distributed, user level with central or distributed noise) trains the
+tabular template with every node's ε, by its own durable ledger, within its budget; a
+broken task is refused by every node before it books anything; a node evaluates a task by
+its own loss and metrics (``clients.evaluation``); a map-style data set trains lot by lot."""
 
 import math
 import sys
@@ -34,6 +35,10 @@ MODES = {
     # a participant's own cost of user-level rounds (Gaussian(z/2) per round) is above the
     # population's target: its node's budget must leave room for it (docs/user-level.md)
     "user": ({"privacy": "user", "server-randomness": "seeded"}, {"allow-central-user": True, "epsilon-budget": 50.0}),
+    # the cohort's noise shares over SecAgg+ (docs/user-level.md): both nodes, each share sized for 2
+    "user-distributed": ({"privacy": "user", "user-noise": "distributed", "cohort": 2, "server-randomness": "seeded"},
+                         {"allow-distributed": True, "min-cohort": 2, "trust-server-cohort": True,
+                          "epsilon-budget": 50.0}),
 }
 
 
@@ -53,10 +58,44 @@ def test_every_privacy_mode_trains_a_task_within_each_nodes_budget(mode, tmp_pat
     grid, config = _federation(app, tmp_path / "state", *MODES[mode])
     history = run_server(grid, config)
     assert len(history.rounds) == config["rounds"] and history.model_sha256
+    for log in history.rounds:  # both nodes' updates in every round's aggregate
+        assert sorted(log.participants) == ["0", "1"] and not log.failed and not log.rejected and not log.discarded
     for i in range(2):
         ledger = PrivacyLedger.load(tmp_path / "state" / f"node{i}" / "ledger.json")
         assert 0 < ledger.spent_at(str(i), 1e-5) <= MODES[mode][1].get("epsilon-budget", BUDGET)  # its own account
         assert any("/train" in entry for entry in ledger.entries(str(i)))
+
+
+LAZY = GOOD.replace("def load_data(", """
+class Items(torch.utils.data.Dataset):
+    \"\"\"A map-style data set, no TensorDataset: it records the largest fetch.\"\"\"
+
+    largest = 0
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+    def __getitems__(self, indices):
+        Items.largest = max(Items.largest, len(indices))
+        return [self[i] for i in indices]
+
+def load_data(""").replace("torch.randn(40, 3", "torch.randn(400, 3").replace(
+    "return torch.utils.data.TensorDataset(x, y),", "return Items(x, y),")
+
+
+def test_a_map_style_data_set_trains_lot_by_lot(tmp_path, write_app):
+    """The node fetches each micro-batch of a lot from the task's data set, never all of it."""
+    app = write_app(LAZY, name="lazy")
+    grid, config = _federation(app, tmp_path / "state", {"max-physical-batch": 16, "lot-size": 64, "rounds": 1}, {})
+    history = run_server(grid, config)
+    assert len(history.rounds) == 1 and not history.rounds[0].failed
+    assert 0 < sys.modules["task"].Items.largest <= 16
 
 
 def test_a_broken_task_is_refused_by_every_node_before_booking(tmp_path, write_app):
