@@ -74,10 +74,11 @@ def before_training(settings: RunSettings, num_clients: int, sizes: Sequence[int
     sigma, ratio = run["noise_multiplier"], run["noise_to_signal"]
     lines = []
     if distributed:
+        local_steps = planned["local"]["steps_per_round"]
         lines.append(f"note: distributed mode takes one DP-SGD step per round, on one lot of about "
                      f"{run['lot_size']} records drawn from all nodes' data: --rounds {settings.rounds} trains "
                      f"{settings.rounds} step{'s' if settings.rounds > 1 else ''} (a round of local mode here is "
-                     f"{planned['local']['steps_per_round']} steps on each node)")
+                     f"{local_steps} step{'s' if local_steps > 1 else ''} on each node)")
     if mode == "user" and node_budget is not None:
         check_node_budget(sigma, settings.delta, node_budget)
     if ratio >= POINTLESS_NOISE_TO_SIGNAL:
