@@ -47,6 +47,11 @@ class NamespaceNetwork(Network):
 
     @contextmanager
     def up(self) -> Iterator[NamespaceNetwork]:
+        taken = subprocess.run(["ip", "-o", "addr", "show", "to", f"{self.superlink_host}/32"],
+                               capture_output=True, text=True).stdout.split()
+        if taken:  # a second route to the subnet: the nodes' packets would not reach this bridge
+            raise NetnsUnavailable(f"{self.superlink_host} is already on {taken[1]} (a bridge left by a killed "
+                                   f"run? 'ip link del {taken[1]}' removes it)")
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.superlink_host}/24", "dev", self.bridge)
