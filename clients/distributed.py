@@ -124,8 +124,8 @@ def read_encoding(config: Any, max_grad_norm: float, dimension: int) -> Lattice:
         raise protocol.ProtocolError(f"distributed config lacks {err}") from None
     except ValueError as err:
         raise protocol.ProtocolError(f"bad lattice-rounding: {err}") from None
-    if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
-            or not 1 <= scale <= MAX_SCALE or math.log2(scale) != int(math.log2(scale))):
+    if (not protocol.is_finite_number(scale) or not 1 <= scale <= MAX_SCALE
+            or math.log2(scale) != int(math.log2(scale))):
         raise protocol.ProtocolError(f"lattice-scale must be a power of 2 in [1, 2^24], got {scale!r}")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 32 <= bits <= 62:
         raise protocol.ProtocolError(f"modulus-bits must be an integer in [32, 62], got {bits!r}")

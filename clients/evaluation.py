@@ -20,7 +20,6 @@ records before anything is booked: a task that cannot score them is refused.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,8 +77,7 @@ def task_scores(task: Task) -> RecordScores:
 def read_loss_clip(config: Any) -> float:
     """The request's bound on a record's loss, checked (``LOSS_CLIP`` where it names none)."""
     value = config.get(LOSS_CLIP_KEY, LOSS_CLIP)
-    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            or not 0 < value <= MAX_LOSS_CLIP):
+    if not protocol.is_finite_number(value) or not 0 < value <= MAX_LOSS_CLIP:
         raise protocol.ProtocolError(f"{LOSS_CLIP_KEY} must be a number in (0, 2^20], got {value!r}")
     return float(value)
 

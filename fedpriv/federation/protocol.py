@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from flwr.app import ConfigRecord
 
@@ -76,6 +77,12 @@ _RUN_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 class ProtocolError(ValueError):
     """A message field is missing or malformed."""
+
+
+def is_finite_number(value: Any) -> TypeGuard[int | float]:
+    """Whether ``value`` from the wire is a finite real number: an int or a float, not a
+    bool (TOML's and JSON's true is an int to Python), not NaN or ±∞."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def train_entry(run_key: str, server_round: int) -> str:

@@ -15,11 +15,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from fedpriv.federation.protocol import ProtocolError
+from fedpriv.federation.protocol import ProtocolError, is_finite_number
 
 USER_CLIP = "user-clip"
 USER_NOISE = "user-noise-multiplier"
@@ -40,7 +39,7 @@ def read_count_noise(config: Mapping[str, Any]) -> float | None:
     value = config.get(COUNT_NOISE)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+    if not is_finite_number(value) or not value > 0:
         raise ProtocolError(f"'{COUNT_NOISE}' must be finite and > 0, got {value!r}")
     return float(value)
 
@@ -64,7 +63,7 @@ def read_user_round(config: Mapping[str, Any]) -> tuple[float, float]:
     values = []
     for key in (USER_CLIP, USER_NOISE):
         value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        if not is_finite_number(value) or not value > 0:
             raise ProtocolError(f"a user-level round needs '{key}' finite and > 0, got {value!r}")
         values.append(float(value))
     return values[0], values[1]
